@@ -1,0 +1,1 @@
+"""logrerank_jax.training."""
