@@ -1,0 +1,69 @@
+"""Load HF tokenizers from checkpoint folders, or train a small WordPiece one offline."""
+
+import os
+from typing import Iterable, Optional
+
+from logrerank_jax.errors import CheckpointError
+
+# Special tokens of tokenizers trained here; their ids are fixed so tiny configs can name them.
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+
+def load_tokenizer(path: str):
+  """Load the fast tokenizer saved in a HF checkpoint folder.
+
+  Args:
+    path: folder holding `tokenizer.json` (and usually `tokenizer_config.json`), as written by
+      `save_pretrained`; the same folder as the model weights.
+
+  Returns:
+    A `transformers.PreTrainedTokenizerFast`.
+  """
+  # Imported here: transformers is heavy and only the text side needs it.
+  from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+  if not os.path.isdir(path):
+    raise CheckpointError(f"tokenizer folder not found: {path}")
+  if not os.path.exists(os.path.join(path, "tokenizer.json")) and not os.path.exists(
+      os.path.join(path, "tokenizer_config.json")):
+    raise CheckpointError(f"no tokenizer.json or tokenizer_config.json in {path}")
+  try:
+    tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+  except Exception as e:  # transformers raises many types; report one line.
+    raise CheckpointError(f"cannot load tokenizer from {path}: {type(e).__name__}: {e}") from e
+  if not isinstance(tok, PreTrainedTokenizerFast):
+    raise CheckpointError(f"tokenizer in {path} is not a fast tokenizer ({type(tok).__name__})")
+  return tok
+
+
+def train_wordpiece_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: Optional[str] = None):
+  """Train a lowercasing WordPiece tokenizer on `texts` (no hub needed).
+
+  Args:
+    texts: training text.
+    vocab_size: target vocabulary size, special tokens included.
+    out_dir: if given, the tokenizer is saved there with `save_pretrained` (HF format).
+
+  Returns:
+    A `transformers.PreTrainedTokenizerFast` with [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4.
+  """
+  from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+  from transformers import PreTrainedTokenizerFast
+
+  tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+  tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+  tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+  tok.decoder = decoders.WordPiece()
+  trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS))
+  tok.train_from_iterator(list(texts), trainer=trainer)
+  cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+  tok.post_processor = processors.TemplateProcessing(
+      single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]",
+      special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)])
+  fast = PreTrainedTokenizerFast(
+      tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
+      sep_token="[SEP]", mask_token="[MASK]")
+  if out_dir is not None:
+    os.makedirs(out_dir, exist_ok=True)
+    fast.save_pretrained(out_dir)
+  return fast
