@@ -1,0 +1,75 @@
+"""AdamW with linear warm-up and decay, weight-decay masking and gradient accumulation."""
+
+import math
+
+import jax
+import optax
+
+
+def total_optimizer_steps(num_micro_batches_per_epoch: int, epochs: int, accumulation: int) -> int:
+  """Return how many optimizer updates a run makes (micro-batches are accumulated).
+
+  Args:
+    num_micro_batches_per_epoch: global micro-batches in one epoch.
+    epochs: number of epochs.
+    accumulation: micro-batches per optimizer update (`optax.MultiSteps`).
+
+  Returns:
+    The number of optimizer updates, at least 1.
+  """
+  return max(1, math.ceil(num_micro_batches_per_epoch * epochs / accumulation))
+
+
+def warmup_linear_decay(peak_lr: float, total_steps: int, warmup_fraction: float) -> optax.Schedule:
+  """Return a schedule rising linearly to `peak_lr`, then decaying linearly to 0.
+
+  Args:
+    peak_lr: learning rate at the end of warm-up.
+    total_steps: optimizer updates in the whole run.
+    warmup_fraction: share of `total_steps` spent warming up (the paper: 0.06).
+
+  Returns:
+    An optax schedule over optimizer-update counts.
+  """
+  warmup = max(1, int(round(total_steps * warmup_fraction)))
+  decay = max(1, total_steps - warmup)
+  return optax.join_schedules(
+      [optax.linear_schedule(0.0, peak_lr, warmup), optax.linear_schedule(peak_lr, 0.0, decay)],
+      boundaries=[warmup])
+
+
+def _decay_mask(params):
+  # Biases and norm scales (1-D) are not decayed, as in the usual BERT recipe.
+  return jax.tree_util.tree_map(lambda p: p.ndim > 1, params)
+
+
+def make_optimizer(peak_lr: float, total_steps: int, warmup_fraction: float = 0.06,
+                   weight_decay: float = 0.01, accumulation: int = 1,
+                   max_grad_norm: float = 1.0, b1: float = 0.9, b2: float = 0.999,
+                   eps: float = 1e-8) -> optax.GradientTransformation:
+  """Build the training optimizer: clipped AdamW on a warm-up/decay schedule, accumulated.
+
+  Args:
+    peak_lr: peak learning rate.
+    total_steps: optimizer updates in the run (after accumulation).
+    warmup_fraction: linear warm-up share of the run.
+    weight_decay: decoupled weight decay on matrices (not on biases or norm scales).
+    accumulation: micro-batches accumulated per update via `optax.MultiSteps` (1 = none).
+    max_grad_norm: global-norm clipping of the (accumulated) gradient; 0 disables it.
+    b1: Adam beta1.
+    b2: Adam beta2.
+    eps: Adam epsilon.
+
+  Returns:
+    An `optax.GradientTransformation` (a `MultiSteps` one when `accumulation > 1`).
+  """
+  schedule = warmup_linear_decay(peak_lr, total_steps, warmup_fraction)
+  chain = []
+  if max_grad_norm and max_grad_norm > 0:
+    chain.append(optax.clip_by_global_norm(max_grad_norm))
+  chain.append(optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
+                           mask=_decay_mask))
+  tx = optax.chain(*chain)
+  if accumulation > 1:
+    tx = optax.MultiSteps(tx, every_k_schedule=accumulation)
+  return tx

@@ -1,0 +1,158 @@
+"""A pure per-device train step, and the two ways to run it data-parallel: pmap and shard_map.
+
+The step is written once, against a named batch axis. `jax.pmap` (what many users run) and
+`jax.shard_map` under `jit` (what current JAX recommends) both wrap the same function, so their
+results are equal by construction and are tested equal.
+
+Device-count independence: a loss averaged per device and then `pmean`-ed weights every device
+equally, which changes the result when devices hold different numbers of valid items (passages,
+sentence pairs). The loss function therefore returns, per term, a *sum* and a *weight*; the step
+divides each sum by its weight summed over all devices, so the gradient is that of the global mean
+whatever the split.
+"""
+
+from typing import Any, Callable, Dict, Tuple
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+AXIS = "batch"
+
+# loss_fn(params, batch, rng) -> {term: (sum, weight)}: each term's sum over this device's share of
+# the batch and the count it is averaged by (valid passages, sentences, pairs, ...).
+LossFn = Callable[[Any, Any, jax.Array], Dict[str, Tuple[jax.Array, jax.Array]]]
+
+
+@flax.struct.dataclass
+class TrainState:
+  """Everything a run needs to continue exactly: step, params, optimizer state and RNG key."""
+  step: jax.Array         # [] int32, micro-steps taken
+  params: Any
+  opt_state: Any
+  rng: jax.Array          # [2] uint32 raw PRNG key data (checkpoint-friendly)
+
+
+def create_train_state(params, tx: optax.GradientTransformation, seed: int) -> TrainState:
+  """Return a fresh state for `params` with optimizer `tx`, RNG from `seed`."""
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                    rng=jax.random.key_data(jax.random.PRNGKey(seed)))
+
+
+def global_mean_loss(terms: Dict[str, Tuple[jax.Array, jax.Array]], coefficients: Dict[str, float],
+                     axis_name: str = AXIS):
+  """Combine per-device (sum, weight) terms into this device's share of the global weighted loss.
+
+  Args:
+    terms: `{name: (sum, weight)}` over this device's share of the batch.
+    coefficients: weight of each term in the loss (e.g. `{"rank": 1.0, "role": 0.5}`).
+    axis_name: the data-parallel axis.
+
+  Returns:
+    `(loss_share, means)`: summing `loss_share` over devices gives Σ coef·(global sum / global
+    weight); `means` holds each term's global mean (identical on every device).
+  """
+  loss, means = 0.0, {}
+  for name, (total, weight) in terms.items():
+    global_weight = jax.lax.psum(jax.lax.stop_gradient(weight).astype(jnp.float32), axis_name)
+    # A term with no valid item anywhere contributes 0, not 0/0.
+    share = jnp.where(global_weight > 0, total / jnp.maximum(global_weight, 1e-12), 0.0)
+    loss = loss + coefficients.get(name, 0.0) * share
+    means[name] = share
+  return loss, means
+
+
+def make_per_device_step(loss_fn: LossFn, coefficients: Dict[str, float],
+                         tx: optax.GradientTransformation, axis_name: str = AXIS):
+  """Return `step(state, batch) -> (state, metrics)` for one device of a data-parallel group.
+
+  Args:
+    loss_fn: `(params, batch, rng) -> {term: (sum, weight)}` over this device's share of the
+      global batch.
+    coefficients: each term's weight in the optimised loss; terms without one are only logged.
+    tx: the optimizer.
+    axis_name: name of the data-parallel axis bound by pmap or shard_map.
+
+  Returns:
+    The per-device step. Metrics (`loss` and each term's global mean) are identical on every
+    device.
+  """
+
+  def step(state: TrainState, batch):
+    # One key per step; folding the device index in gives each device its own dropout stream
+    # (so with dropout on, masks, not results in distribution, depend on the device layout).
+    rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
+    rng = jax.random.fold_in(rng, jax.lax.axis_index(axis_name))
+
+    def loss_share(params):
+      return global_mean_loss(loss_fn(params, batch, rng), coefficients, axis_name)
+
+    (loss, means), grads = jax.value_and_grad(loss_share, has_aux=True)(state.params)
+    # Each device holds its share of the global mean, so the global gradient is the psum.
+    grads = jax.lax.psum(grads, axis_name)
+    metrics = {k: jax.lax.psum(v, axis_name) for k, v in means.items()}
+    metrics["loss"] = jax.lax.psum(loss, axis_name)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+  return step
+
+
+def pmap_step(per_device_step):
+  """Wrap a per-device step with `jax.pmap`; state is replicated, batch has a leading device axis."""
+  return jax.pmap(per_device_step, axis_name=AXIS, donate_argnums=(0,))
+
+
+def shard_map_step(per_device_step, devices=None):
+  """Wrap a per-device step with `jax.shard_map` under `jit` over a 1-D data mesh.
+
+  Args:
+    per_device_step: the function from `make_per_device_step`.
+    devices: devices of the mesh (default: all local devices).
+
+  Returns:
+    `(step, mesh)`: `step(state, batch)` takes a replicated state and a batch whose leading axis
+    is the global batch (split evenly over devices).
+  """
+  mesh = Mesh(np.asarray(devices if devices is not None else jax.local_devices()), (AXIS,))
+  mapped = jax.shard_map(per_device_step, mesh=mesh, in_specs=(P(), P(AXIS)), out_specs=(P(), P()))
+  return jax.jit(mapped, donate_argnums=(0,)), mesh
+
+
+def replicate(tree, devices=None):
+  """Copy a pytree onto every device with a leading device axis (for pmap)."""
+  devices = list(devices if devices is not None else jax.local_devices())
+  # jax.device_put_replicated is gone in current JAX: stack copies and split the stack over a
+  # 1-D mesh, which is the layout the shard_map-based pmap expects.
+  sharding = NamedSharding(Mesh(np.asarray(devices), (AXIS,)), P(AXIS))
+  return jax.tree_util.tree_map(
+      lambda x: jax.device_put(np.broadcast_to(np.asarray(x), (len(devices),) + np.shape(x)), sharding),
+      tree)
+
+
+def unreplicate(tree):
+  """Take device 0's copy of a replicated pytree."""
+  return jax.tree_util.tree_map(lambda x: x[0], tree)
+
+
+def shard_for_pmap(batch, num_devices: int):
+  """Reshape every array's leading axis [G, ...] to [num_devices, G // num_devices, ...]."""
+  def split(x):
+    if x.shape[0] % num_devices:
+      raise ValueError(f"global batch {x.shape[0]} is not divisible by {num_devices} devices")
+    return x.reshape((num_devices, x.shape[0] // num_devices) + x.shape[1:])
+  return jax.tree_util.tree_map(split, batch)
+
+
+def put_replicated(tree, mesh: Mesh):
+  """Place a pytree replicated over `mesh` (for the shard_map path)."""
+  return jax.device_put(tree, NamedSharding(mesh, P()))
+
+
+def put_sharded(batch, mesh: Mesh):
+  """Place a batch split along its leading axis over `mesh` (for the shard_map path)."""
+  return jax.device_put(batch, NamedSharding(mesh, P(AXIS)))
