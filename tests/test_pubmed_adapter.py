@@ -1,0 +1,234 @@
+"""Tests of the PubMedQA weak-label adapter, the demo-data builder and the shipped demo data."""
+
+import importlib.util
+import json
+import math
+import pathlib
+import re
+
+import numpy as np
+import pytest
+
+import logrerank_jax
+from logrerank_jax.data import pubmed_adapter as A
+from logrerank_jax.data import records as R
+from logrerank_jax.data.sentences import split_sentence_texts
+from logrerank_jax.errors import DataError
+
+DATA = pathlib.Path(__file__).parent / "data"
+SLICE = DATA / "pubmed_slice.jsonl"
+DEMO = pathlib.Path(logrerank_jax.__file__).parent / "demo_data"
+ROOT = pathlib.Path(__file__).parent.parent
+B, M, RES = (1.0, 0.0, 0.0), (0.0, 1.0, 0.0), (0.0, 0.0, 1.0)
+U = (1 / 3, 1 / 3, 1 / 3)
+
+
+@pytest.fixture(scope="module")
+def pool():
+  """The slice as an indexed pool (12 queries)."""
+  return A.PubMedPool(SLICE)
+
+
+@pytest.fixture(scope="module")
+def built(pool):
+  """Training records for all 12 slice queries, 4 passages each."""
+  return A.build_training_records(pool, range(len(pool.queries)), num_passages=4)
+
+
+@pytest.mark.parametrize("label,role,source", [
+    ("RESULTS", RES, "keyword"),
+    ("METHODS", M, "keyword"),
+    ("BACKGROUND", B, "keyword"),
+    ("OBJECTIVE", B, "keyword"),
+    ("MATERIALS AND METHODS", M, "keyword"),
+    ("DESIGN, SETTING AND PATIENTS", M, "keyword"),
+    ("BACKGROUND AND PURPOSE", B, "keyword"),
+    ("MAIN OUTCOME MEASURES", M, "keyword"),
+    ("SUMMARY OF BACKGROUND DATA", B, "keyword"),
+    ("METHODS AND RESULTS", (0.0, 0.5, 0.5), "keyword"),
+    ("MEASUREMENTS AND MAIN RESULTS", (0.0, 0.5, 0.5), "keyword"),
+    ("results", RES, "keyword"),
+    ("END POINT", M, "override"),
+    ("UNLABELLED", U, "unknown"),
+    (", FSAII", U, "unknown"),
+    (None, U, "unlabelled"),
+], ids=["results", "methods", "background", "objective", "materials_and_methods",
+        "design_setting_patients", "background_and_purpose", "main_outcome_measures",
+        "summary_of_background_data", "methods_and_results", "measurements_and_main_results",
+        "lowercase", "end_point_override", "unlabelled_string", "junk_label", "no_label"])
+def test_section_role_known_answers(label, role, source):
+  got, got_source = A.section_role(label)
+  assert got_source == source
+  np.testing.assert_allclose(got, role, rtol=0, atol=1e-15)
+  assert math.isclose(math.fsum(got), 1.0, abs_tol=1e-12)
+
+
+def test_records_validate(built, tmp_path):
+  recs, stats = built
+  path = tmp_path / "slice_train.jsonl"
+  R.write_training_file(path, recs)
+  back, report = R.validate_training_file(path)
+  assert back == recs
+  assert (report.n_lines, report.n_records, report.n_invalid) == (12, 12, 0)
+  assert stats.queries == 12 and stats.passages == 48
+  assert stats.sentences == sum(len(p.sentences) for r in recs for p in r.passages)
+
+
+def test_roles_follow_the_section_labels(pool, built):
+  recs, stats = built
+  checked = 0
+  for i, rec in enumerate(recs):
+    gold = rec.passages[0]
+    assert gold.rank == 1 and gold.id == f"pubmed_slice:{i}:0"
+    # NumPy-free reference: re-split each labelled paragraph and expect its label's role.
+    expected = []
+    for label, paragraph in pool.queries[i]["gold"][0]["sections"]:
+      expected += [(s, A.section_role(label)[0]) for s in split_sentence_texts(paragraph)]
+    assert [(s.text, s.role) for s in gold.sentences] == expected
+    checked += len(expected)
+  # Known answers on the real labels of the slice (first record: PURPOSE, METHODS, RESULTS).
+  first = pool.queries[0]["gold"][0]["sections"]
+  assert [lab for lab, _ in first] == ["PURPOSE", "METHODS", "RESULTS"]
+  roles = [s.role for s in recs[0].passages[0].sentences]
+  n_purpose = len(split_sentence_texts(first[0][1]))
+  assert roles[0] == B and roles[n_purpose] == M and roles[-1] == RES
+  # Records 10 and 11 of the slice have plain-string texts: uniform roles, counted.
+  for i in (10, 11):
+    assert pool.queries[i]["gold"][0]["sections"][0][0] is None
+    assert all(s.role == U for s in recs[i].passages[0].sentences)
+  assert stats.sentences_by_source["unlabelled"] >= sum(
+      len(recs[i].passages[0].sentences) for i in (10, 11))
+  assert sum(stats.sentences_by_source.values()) == stats.sentences
+  assert checked > 100
+
+
+def test_negatives_are_the_bm25_top_ranked_below_gold(pool, built):
+  recs, _ = built
+  for i, rec in enumerate(recs):
+    scores = pool.index.scores(rec.question)  # [D]
+    negs = [int(p.id.split(":")[1]) for p in rec.passages[1:]]
+    assert [p.rank for p in rec.passages] == [1, 2, 3, 4]
+    assert i not in negs and len(set(negs)) == 3
+    # Negatives in BM25 order (ties -> lower index), and nobody left out scores higher.
+    assert negs == sorted(negs, key=lambda j: (-scores[j], j))
+    rest = [j for j in range(len(scores)) if j != i and j not in negs]
+    assert max(scores[rest]) <= min(scores[negs])
+
+
+def _reference_sentence_ranks(question, sentences, docs):
+  """NumPy reference of the IDF-weighted question overlap ranks."""
+  tok = lambda t: set(re.findall(r"[^\W_]+", t.lower()))
+  doc_sets = [tok(d) for d in docs]
+  q = tok(question)
+  n = len(docs)
+  score = np.array([sum(np.log1p((n - sum(t in d for d in doc_sets) + 0.5)
+                                 / (sum(t in d for d in doc_sets) + 0.5))
+                        for t in q & tok(s)) for s in sentences])  # [M]
+  order = np.argsort(-score, kind="stable")
+  ranks = np.empty(len(sentences), int)
+  ranks[order] = np.arange(1, len(sentences) + 1)
+  return ranks.tolist()
+
+
+def test_sentence_ranks_match_numpy_reference(pool, built):
+  recs, _ = built
+  docs = [p.text for p in pool.passages]
+  for rec in recs[:6]:
+    for p in rec.passages:
+      texts = [s.text for s in p.sentences]
+      assert [s.rank for s in p.sentences] == _reference_sentence_ranks(rec.question, texts, docs)
+
+
+def test_banned_passages_are_never_negatives(pool):
+  plain = pool.candidates(0, 4)
+  banned = frozenset(plain[1:2])  # the best negative
+  got = pool.candidates(0, 4, banned)
+  assert got[0] == 0 and plain[1] not in got and got[1:3] == plain[2:4]
+  assert pool.candidates(0, 4, frozenset({0}))[0] == 0  # a query's own gold is never banned
+
+
+def test_inference_record_and_qrels(pool, built):
+  recs, _ = built
+  for i in (0, 5, 11):
+    rec, rel = A.build_inference_record(pool, i, 4)
+    assert set(rec) == {"id", "input", "ctxs"} and rec["id"] == recs[i].id
+    assert rec["input"] == recs[i].question and rel == [f"pubmed_slice:{i}:0"]
+    assert {c["id"] for c in rec["ctxs"]} == {p.id for p in recs[i].passages}
+    scores = pool.index.scores(rec["input"])
+    idx = [int(c["id"].split(":")[1]) for c in rec["ctxs"]]
+    assert idx == sorted(idx, key=lambda j: (-scores[j], j))
+    for c, j in zip(rec["ctxs"], idx):
+      assert c["text"] == pool.passages[j].text and isinstance(c["title"], str)
+
+
+def test_deterministic_across_runs(pool, built):
+  again, _ = A.build_training_records(A.PubMedPool(SLICE), range(12), num_passages=4)
+  assert [r.to_json() for r in again] == [r.to_json() for r in built[0]]
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(query_indices=[12], num_passages=4), "out of range"),
+    (dict(query_indices=[-1], num_passages=4), "out of range"),
+    (dict(query_indices=[0], num_passages=0), "num_passages"),
+], ids=["index_past_end", "negative_index", "zero_passages"])
+def test_bad_arguments_raise_data_error(pool, kwargs, match):
+  with pytest.raises(DataError, match=match):
+    A.build_training_records(pool, **kwargs)
+
+
+def _load_tool():
+  """Import tools/build_demo_data.py as a module."""
+  spec = importlib.util.spec_from_file_location(
+      "build_demo_data", ROOT / "tools" / "build_demo_data.py")
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
+def test_build_tool_is_deterministic_and_valid(tmp_path):
+  tool = _load_tool()
+  outs = []
+  for run in ("a", "b"):
+    out = tmp_path / run
+    tool.main(["--input", str(SLICE), "--out", str(out), "--n-train", "6", "--n-val", "2",
+               "--n-test", "4", "--passages", "4"])
+    outs.append({p.name: p.read_bytes() for p in sorted(out.iterdir())})
+  assert outs[0] == outs[1]
+  assert set(outs[0]) == {"train.jsonl", "val.jsonl", "test.jsonl", "test_queries.jsonl",
+                          "test_qrels.json", "manifest.json"}
+  ids = {}
+  for split, n in (("train", 6), ("val", 2), ("test", 4)):
+    recs, _ = R.validate_training_file(tmp_path / "a" / f"{split}.jsonl")
+    assert len(recs) == n
+    ids[split] = recs
+  _check_splits_disjoint(ids)
+
+
+def _check_splits_disjoint(splits):
+  """No query in two splits; no split's gold passage inside another split's candidates."""
+  qids = [r.id for recs in splits.values() for r in recs]
+  assert len(qids) == len(set(qids))
+  for name, recs in splits.items():
+    gold = {r.passages[0].id for r in recs}
+    for other, orecs in splits.items():
+      if other != name:
+        assert not gold & {p.id for r in orecs for p in r.passages}, (name, other)
+
+
+def test_shipped_demo_data():
+  splits = {s: R.validate_training_file(DEMO / f"{s}.jsonl")[0] for s in ("train", "val", "test")}
+  assert [len(splits[s]) for s in ("train", "val", "test")] == [40, 8, 16]
+  _check_splits_disjoint(splits)
+  total = sum(p.stat().st_size for p in DEMO.iterdir() if p.is_file())
+  assert total < 1_000_000, total
+  assert (DEMO / "LICENSE").read_bytes() == (DATA / "SCHOLARQABENCH_LICENSE").read_bytes()
+  assert "MIT" in (DEMO / "README.md").read_text()
+  qrels = json.loads((DEMO / "test_qrels.json").read_text())
+  with open(DEMO / "test_queries.jsonl", encoding="utf-8") as f:
+    queries = [json.loads(line) for line in f]
+  assert [q["id"] for q in queries] == [r.id for r in splits["test"]] == list(qrels)
+  for q, rec in zip(queries, splits["test"]):
+    assert q["input"] == rec.question and len(q["ctxs"]) == 6
+    assert qrels[q["id"]] == [rec.passages[0].id]
+    assert {c["id"] for c in q["ctxs"]} == {p.id for p in rec.passages}
+    assert all(c["text"].strip() for c in q["ctxs"])

@@ -1,0 +1,127 @@
+"""Build the shipped demo data (logrerank_jax/demo_data/) from ScholarQABench's pubmed_test.jsonl.
+
+  python tools/build_demo_data.py --input ../shared/data/scholarqabench/pubmed_test.jsonl
+
+Writes, into --out:
+  train.jsonl, val.jsonl, test.jsonl   weakly-labelled training records (docs/DATA.md schema)
+  test_queries.jsonl                   the test queries in OpenScholar inference format
+                                       {"id", "input", "ctxs": [{"id", "title", "text"}]}
+  test_qrels.json                      {query id: [relevant passage id, ...]}
+  manifest.json                        source checksum, arguments, counts, weak-label statistics
+Queries are drawn with numpy's PCG64 permutation of the record indices under --seed;
+no split's gold context is ever a negative of another split (no cross-split text leakage
+through negatives). `--label-table` prints the section-label -> role table of docs/DATA.md.
+"""
+
+import argparse
+import collections
+import hashlib
+import json
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from logrerank_jax.data import pubmed_adapter  # pylint: disable=g-import-not-at-top
+from logrerank_jax.data import records as records_lib  # pylint: disable=g-import-not-at-top
+
+DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "logrerank_jax",
+                           "demo_data")
+
+
+def _sha256(path: str) -> str:
+  """Return the hex SHA-256 of a file."""
+  h = hashlib.sha256()
+  with open(path, "rb") as f:
+    h.update(f.read())
+  return h.hexdigest()
+
+
+def label_table(pool: pubmed_adapter.PubMedPool) -> str:
+  """Return a markdown table of every section label in the pool, its count and role."""
+  counts = collections.Counter(lab for p in pool.passages for lab, _ in p.sections)
+  rows = ["| label | paragraphs | role (background, method, result) | source |",
+          "| --- | ---: | --- | --- |"]
+  for lab, n in sorted(counts.items(), key=lambda kv: (-kv[1], str(kv[0]))):
+    role, source = pubmed_adapter.section_role(lab)
+    shown = "(no label: plain-string text)" if lab is None else f"`{lab}`"
+    rows.append(f"| {shown} | {n} | ({', '.join(f'{r:.3g}' for r in role)}) | {source} |")
+  return "\n".join(rows)
+
+
+def split_indices(n: int, sizes: tuple[int, int, int], seed: int) -> list[list[int]]:
+  """Return disjoint train/val/test query indices from a seeded permutation of range(n)."""
+  if sum(sizes) > n:
+    raise SystemExit(f"asked for {sum(sizes)} queries but the file has {n}")
+  perm = np.random.default_rng(seed).permutation(n).tolist()
+  out, start = [], 0
+  for s in sizes:
+    out.append(perm[start:start + s])
+    start += s
+  return out
+
+
+def main(argv=None):
+  """Build the demo splits."""
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--input", required=True, help="path to pubmed_test.jsonl")
+  ap.add_argument("--out", default=DEFAULT_OUT)
+  ap.add_argument("--n-train", type=int, default=40)
+  ap.add_argument("--n-val", type=int, default=8)
+  ap.add_argument("--n-test", type=int, default=16)
+  ap.add_argument("--passages", type=int, default=6, help="passages per query")
+  ap.add_argument("--seed", type=int, default=13)
+  ap.add_argument("--label-table", action="store_true", help="print the label table and exit")
+  args = ap.parse_args(argv)
+
+  pool = pubmed_adapter.PubMedPool(args.input)
+  if args.label_table:
+    print(label_table(pool))
+    return
+  splits = dict(zip(("train", "val", "test"),
+                    split_indices(len(pool.queries), (args.n_train, args.n_val, args.n_test),
+                                  args.seed)))
+  gold_of = {name: frozenset(g for qi in idx for g in pool.gold[qi])
+             for name, idx in splits.items()}
+  os.makedirs(args.out, exist_ok=True)
+  manifest = {
+      "source": os.path.basename(args.input), "source_sha256": _sha256(args.input),
+      "args": {k: v for k, v in vars(args).items() if k not in ("input", "out", "label_table")},
+      "splits": {},
+  }
+  for name, idx in splits.items():
+    # Other splits' gold contexts are never used as this split's negatives.
+    banned = frozenset().union(*(g for other, g in gold_of.items() if other != name))
+    recs, stats = pubmed_adapter.build_training_records(pool, idx, args.passages, banned)
+    path = os.path.join(args.out, f"{name}.jsonl")
+    records_lib.write_training_file(path, recs)
+    records_lib.validate_training_file(path)  # what ships must pass the validator
+    manifest["splits"][name] = {
+        "queries": stats.queries, "passages": stats.passages, "sentences": stats.sentences,
+        "source_records": list(idx),  # 0-based record indices in the source file
+        "sentence_roles_by_source": dict(sorted(stats.sentences_by_source.items())),
+        "unknown_labels": dict(sorted(stats.unknown_labels.items())),
+    }
+    if name == "test":
+      qrels = {}
+      with open(os.path.join(args.out, "test_queries.jsonl"), "w", encoding="utf-8") as f:
+        for qi in idx:
+          rec, rel = pubmed_adapter.build_inference_record(pool, qi, args.passages, banned)
+          qrels[rec["id"]] = rel
+          f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+      with open(os.path.join(args.out, "test_qrels.json"), "w", encoding="utf-8") as f:
+        json.dump(qrels, f, indent=1)
+        f.write("\n")
+  with open(os.path.join(args.out, "manifest.json"), "w", encoding="utf-8") as f:
+    json.dump(manifest, f, indent=1)
+    f.write("\n")
+  total = sum(os.path.getsize(os.path.join(args.out, n)) for n in os.listdir(args.out))
+  print(f"wrote {args.out}: " + ", ".join(
+      f"{k} {v['queries']} queries / {v['sentences']} sentences"
+      for k, v in manifest["splits"].items()) + f"; {total / 1e6:.2f} MB in the folder")
+
+
+if __name__ == "__main__":
+  main()
