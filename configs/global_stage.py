@@ -1,0 +1,36 @@
+"""Global stage (graph construction + relation-aware GAT, eq 7-16, 23) with the paper's hyperparameters.
+
+Derived from `local_stage.py` (same keys), changing only what the paper sets differently for
+this stage. Needs `--config.local_checkpoint=DIR`, the workdir of a finished local-stage run.
+"""
+
+import importlib.util
+import os
+
+import ml_collections
+
+
+def _local_stage():
+  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "local_stage.py")
+  spec = importlib.util.spec_from_file_location("_logrerank_local_stage", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def get_config(variant: str = "") -> ml_collections.ConfigDict:
+  """Return the global-stage config; `variant` "tiny" shrinks it for CPUs and tests."""
+  config = _local_stage().get_config(variant)
+  # --- Stage: the local model is frozen; only the GAT and global scorer train.
+  config.stage = "global"
+  config.local_checkpoint = ""           # REQUIRED: local-stage workdir (holds model/)
+  # --- Optimisation (paper: 5 epochs, lr 3e-5, micro-batch 1 query graph, 8-step accumulation).
+  config.learning_rate = 3e-5
+  config.micro_batch_size = 1
+  # --- Cache the frozen local outputs once (h, role probs, local score per sentence).
+  config.use_feature_cache = True
+  if variant == "tiny":
+    config.learning_rate = 3e-3
+    config.micro_batch_size = 4
+    config.num_epochs = 3
+  return config

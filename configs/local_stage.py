@@ -1,0 +1,84 @@
+"""Local stage (encoder + intent/role heads, eq 1-6, 19-22) with the paper's hyperparameters.
+
+`python tools/train.py --config configs/local_stage.py --workdir DIR` trains the paper-size model;
+`--config configs/local_stage.py:tiny` selects the CPU-size variant derived below.
+"""
+
+import os
+
+import ml_collections
+
+_DEMO = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                     "logrerank_jax", "demo_data")
+
+
+def get_config(variant: str = "") -> ml_collections.ConfigDict:
+  """Return the local-stage config; `variant` "tiny" shrinks it for CPUs and tests."""
+  config = ml_collections.ConfigDict()
+  # --- Stage and reproducibility.
+  config.stage = "local"
+  config.seed = 13                       # paper
+  # --- Data (training-record JSONL, docs/DATA.md). Defaults: the shipped demo slice.
+  config.train_file = os.path.join(_DEMO, "train.jsonl")
+  config.val_file = os.path.join(_DEMO, "val.jsonl")
+  config.skip_invalid = False            # True: skip and count bad lines instead of refusing
+  # --- Initialisation and tokenizer.
+  config.init_checkpoint = ""            # HF ModernBERT folder (e.g. gte-reranker-modernbert-base)
+  config.tokenizer = ""                  # HF tokenizer folder; "" -> init_checkpoint's or trained
+  config.tokenizer_vocab_size = 4096     # only when a WordPiece tokenizer is trained on train_file
+  config.local_checkpoint = ""           # unused by the local stage (global stage input)
+  # --- Model.
+  config.model = "paper"                 # LoGConfig preset: "paper" | "tiny"
+  config.ablation = ""                   # one paper ablation name, e.g. "w/o role head"
+  config.dtype = "float32"               # compute dtype: "float32" | "bfloat16" (params float32)
+  config.dropout = 0.1                   # heads and GAT (paper); encoder dropouts from its config
+  config.graph_k = 8                     # similarity top-k (global stage; kept for one model config)
+  config.tau_sim = 0.75
+  config.delta = 0.25
+  # --- Packing.
+  config.max_seq_len = 1024              # paper: max input 1,024 tokens
+  config.max_query_tokens = 64
+  # --- Optimisation.
+  config.num_epochs = 5
+  config.learning_rate = 2e-5
+  config.micro_batch_size = 2            # global (query, passage) units per micro-step
+  config.grad_accum_steps = 8
+  config.weight_decay = 0.01
+  config.warmup_fraction = 0.06
+  config.max_grad_norm = 1.0
+  config.lambda_role = 0.5               # eq 22
+  config.listwise_tau = 1.0              # eq 19 (unstated in the paper)
+  config.max_steps = 0                   # stop after this many micro-steps (0 = all epochs)
+  # --- Parallelism.
+  config.parallel = "pmap"               # "pmap" | "shard_map"
+  config.num_devices = 0                 # 0 = all local devices
+  config.distributed = False             # jax.distributed.initialize (multi-host)
+  config.coordinator_address = ""        # explicit multi-host set-up (else auto-detected)
+  config.num_processes = 1
+  config.process_id = 0
+  # --- Global-stage feature cache (unused here; one schema for both stages).
+  config.use_feature_cache = True
+  config.cache_batch_queries = 4         # queries per forward when caching / evaluating
+  # --- Checkpoints and logging.
+  config.checkpoint_every_steps = 200    # micro-steps; the last step is always saved
+  config.max_to_keep = 2
+  config.best_metric = "ndcg@10"         # validation metric that ranks best checkpoints
+  config.eval_every_steps = 0            # 0 = at the end of every epoch
+  config.log_every_steps = 10
+  config.progress_bar = True
+
+  if variant == "tiny":
+    config.model = "tiny"
+    config.tokenizer_vocab_size = 1024
+    config.graph_k = 2
+    config.tau_sim = 0.5
+    config.max_seq_len = 256
+    config.max_query_tokens = 32
+    config.num_epochs = 2
+    config.learning_rate = 1e-3
+    config.micro_batch_size = 4
+    config.grad_accum_steps = 1
+    config.checkpoint_every_steps = 20
+  elif variant:
+    raise ValueError(f"unknown config variant {variant!r}; known: tiny")
+  return config

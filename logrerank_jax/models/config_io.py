@@ -1,0 +1,93 @@
+"""Write a `LoGConfig` to JSON and read it back exactly (checkpoints carry their model config)."""
+
+import dataclasses
+import json
+from typing import Any, Dict
+
+import numpy as np
+
+from logrerank_jax.errors import ConfigError
+from logrerank_jax.graph.build import GraphBuildConfig
+from logrerank_jax.models.graph_reranker import GraphRerankerConfig
+from logrerank_jax.models.local_scorer import LocalScorerConfig
+from logrerank_jax.models.log_reranker import LoGConfig
+from logrerank_jax.models.modernbert import ModernBertConfig
+
+FORMAT_VERSION = 1
+
+
+def _plain(value):
+  """Return a JSON-ready copy of a config field (dtypes as names, tuples as lists)."""
+  if dataclasses.is_dataclass(value):
+    return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+  if isinstance(value, (tuple, list)):
+    return [_plain(v) for v in value]
+  if isinstance(value, (np.dtype, type)) or type(value).__name__ == "dtype":
+    return np.dtype(value).name
+  if isinstance(value, np.generic):
+    return value.item()
+  return value
+
+
+def log_config_to_dict(cfg: LoGConfig) -> Dict[str, Any]:
+  """Return a JSON-serialisable dict of `cfg`."""
+  return {"format_version": FORMAT_VERSION, "log_config": _plain(cfg)}
+
+
+def _build(cls, data: Dict[str, Any], where: str, nested: Dict[str, Any] = None):
+  """Instantiate dataclass `cls` from `data`, naming unknown or missing keys."""
+  if not isinstance(data, dict):
+    raise ConfigError(f"{where}: expected an object, got {type(data).__name__}")
+  names = {f.name for f in dataclasses.fields(cls)}
+  unknown = sorted(set(data) - names)
+  if unknown:
+    raise ConfigError(f"{where}: unknown keys {unknown}")
+  kwargs = {}
+  for k, v in data.items():
+    if nested and k in nested:
+      kwargs[k] = nested[k]
+    elif k == "dtype":
+      kwargs[k] = np.dtype(v)  # compares equal to jnp.float32 and friends
+    elif isinstance(v, list):
+      kwargs[k] = tuple(v)  # configs are hashable (static jit arguments)
+    else:
+      kwargs[k] = v
+  try:
+    return cls(**kwargs)
+  except TypeError as e:
+    raise ConfigError(f"{where}: {e}") from None
+
+
+def log_config_from_dict(data: Dict[str, Any]) -> LoGConfig:
+  """Rebuild a `LoGConfig` from `log_config_to_dict` output.
+
+  Raises:
+    ConfigError: unknown format version, unknown or missing keys (named).
+  """
+  if not isinstance(data, dict) or data.get("format_version") != FORMAT_VERSION:
+    raise ConfigError(f"model config: unsupported format_version "
+                      f"{data.get('format_version') if isinstance(data, dict) else None!r}")
+  d = data["log_config"]
+  local = d.get("local", {})
+  encoder = _build(ModernBertConfig, local.get("encoder", {}), "log_config.local.encoder")
+  local_cfg = _build(LocalScorerConfig, local, "log_config.local", {"encoder": encoder})
+  graph = _build(GraphBuildConfig, d.get("graph", {}), "log_config.graph")
+  gat = _build(GraphRerankerConfig, d.get("graph_reranker", {}), "log_config.graph_reranker")
+  return _build(LoGConfig, d, "log_config",
+                {"local": local_cfg, "graph": graph, "graph_reranker": gat})
+
+
+def save_log_config(path: str, cfg: LoGConfig) -> None:
+  """Write `cfg` as JSON to `path`."""
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(log_config_to_dict(cfg), f, indent=2, sort_keys=True)
+
+
+def load_log_config(path: str) -> LoGConfig:
+  """Read a `LoGConfig` written by `save_log_config`."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      data = json.load(f)
+  except (OSError, json.JSONDecodeError) as e:
+    raise ConfigError(f"{path}: cannot read model config ({e})") from None
+  return log_config_from_dict(data)

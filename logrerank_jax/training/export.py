@@ -1,0 +1,92 @@
+"""Save and load a trained model for inference: params (orbax), model config (JSON), tokenizer.
+
+Layout of a model folder:
+  params/              orbax StandardCheckpointer tree {"local": ..., "global": ...}
+  model_config.json    `LoGConfig` (see `logrerank_jax.models.config_io`)
+  tokenizer/           HF tokenizer files (`save_pretrained`)
+  info.json            free-form provenance (stage, step, metrics)
+
+The folder is written under a temporary name and renamed when complete, so an interrupted save
+leaves any previous model folder intact and never a half-written one.
+"""
+
+import json
+import os
+import shutil
+from typing import Any, Dict, Optional, Tuple
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from logrerank_jax.data.tokenization import load_tokenizer
+from logrerank_jax.errors import CheckpointError
+from logrerank_jax.models.config_io import load_log_config, save_log_config
+
+
+def save_model(directory: str, params: Dict[str, Any], cfg, tokenizer,
+               info: Optional[Dict[str, Any]] = None) -> None:
+  """Write a model folder atomically.
+
+  Args:
+    directory: destination folder (replaced if it exists).
+    params: the `LoGReranker` param tree ({"local": ...} and optionally "global").
+    cfg: its `LoGConfig`.
+    tokenizer: the fast tokenizer (or None to skip).
+    info: JSON-serialisable provenance.
+  """
+  directory = os.path.abspath(directory)
+  tmp = directory + ".tmp-save"
+  if os.path.exists(tmp):
+    shutil.rmtree(tmp)
+  os.makedirs(tmp)
+  params = jax.tree_util.tree_map(lambda x: np.asarray(x, np.float32), params)
+  ckptr = ocp.StandardCheckpointer()
+  ckptr.save(os.path.join(tmp, "params"), params)
+  ckptr.wait_until_finished()
+  save_log_config(os.path.join(tmp, "model_config.json"), cfg)
+  if tokenizer is not None:
+    tokenizer.save_pretrained(os.path.join(tmp, "tokenizer"))
+  with open(os.path.join(tmp, "info.json"), "w", encoding="utf-8") as f:
+    json.dump(info or {}, f, indent=2, sort_keys=True)
+  old = directory + ".old"
+  if os.path.exists(directory):
+    os.replace(directory, old)
+  os.replace(tmp, directory)
+  if os.path.exists(old):
+    shutil.rmtree(old)
+
+
+def load_model(directory: str, need_tokenizer: bool = True) -> Tuple[Dict[str, Any], Any, Any]:
+  """Read a model folder written by `save_model`.
+
+  Args:
+    directory: the model folder.
+    need_tokenizer: raise if the folder has no tokenizer.
+
+  Returns:
+    `(params, cfg, tokenizer)`; tokenizer is None when absent and not needed.
+  """
+  directory = os.path.abspath(directory)
+  for name in ("params", "model_config.json"):
+    if not os.path.exists(os.path.join(directory, name)):
+      raise CheckpointError(f"{directory} is not a model folder: it has no {name}")
+  cfg = load_log_config(os.path.join(directory, "model_config.json"))
+  params = ocp.StandardCheckpointer().restore(os.path.join(directory, "params"))
+  params = jax.tree_util.tree_map(np.asarray, params)
+  tok_dir = os.path.join(directory, "tokenizer")
+  tokenizer = None
+  if os.path.isdir(tok_dir):
+    tokenizer = load_tokenizer(tok_dir)
+  elif need_tokenizer:
+    raise CheckpointError(f"{directory} has no tokenizer/ folder")
+  return params, cfg, tokenizer
+
+
+def read_info(directory: str) -> Dict[str, Any]:
+  """Return the provenance JSON of a model folder ({} if absent)."""
+  path = os.path.join(directory, "info.json")
+  if not os.path.exists(path):
+    return {}
+  with open(path, encoding="utf-8") as f:
+    return json.load(f)
