@@ -1,0 +1,328 @@
+"""Parity of the Flax ModernBERT with transformers' PyTorch ModernBERT on random weights.
+
+Every parameter of the torch model (norm weights included) is randomised, converted with a
+small local helper (W.T for Linear), and outputs are compared at valid positions.
+float32 tolerance: max abs error <= 1e-5 (outputs are O(1) after the final LayerNorm).
+"""
+
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from logrerank_jax.models import modernbert as mb
+
+logging.getLogger("transformers").setLevel(logging.ERROR)
+transformers.logging.set_verbosity_error()
+
+ATOL_F32 = 1e-5
+L = 40
+
+
+def _hf_config(**overrides):
+  """Return a tiny transformers ModernBertConfig (small RoPE thetas so a theta mix-up shows)."""
+  kwargs = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+                num_attention_heads=4, global_attn_every_n_layers=2, local_attention=8,
+                global_rope_theta=1000.0, local_rope_theta=50.0, pad_token_id=0, bos_token_id=2,
+                eos_token_id=3, cls_token_id=2, sep_token_id=3, attn_implementation="eager")
+  kwargs.update(overrides)
+  return transformers.ModernBertConfig(**kwargs)
+
+
+def _randomise(model, seed):
+  """Give every torch parameter random values: norm weights around 1, the rest around 0."""
+  gen = torch.Generator().manual_seed(seed)
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      noise = torch.randn(p.shape, generator=gen)
+      if "norm" in name and name.endswith("weight"):
+        p.copy_(1.0 + 0.2 * noise)
+      elif "norm" in name or name.endswith("bias"):
+        p.copy_(0.1 * noise)
+      else:
+        p.copy_(0.15 * noise)
+  return model.eval()
+
+
+def _torch_params_to_flax(state_dict, prefix=""):
+  """Map a torch state dict onto the C1 Flax tree (test-local converter)."""
+  params = {}
+  for key, value in state_dict.items():
+    if not key.startswith(prefix):
+      continue
+    parts = key[len(prefix):].split(".")
+    path, leaf = parts[:-1], parts[-1]
+    if path and path[0] == "layers":
+      path = [f"layers_{path[1]}"] + path[2:]
+    value = value.detach().numpy()
+    if path[-1] == "tok_embeddings":
+      leaf = "embedding"
+    elif path[-1].endswith("norm"):
+      leaf = "scale" if leaf == "weight" else "bias"
+    elif leaf == "weight":
+      leaf, value = "kernel", value.T
+    node = params
+    for name in path:
+      node = node.setdefault(name, {})
+    node[leaf] = jnp.asarray(value)
+  return params
+
+
+def _classifier_params(state_dict):
+  """Split a ModernBertForSequenceClassification state dict into the C1 classifier tree."""
+  return {"model": _torch_params_to_flax(state_dict, "model."),
+          "head": _torch_params_to_flax(state_dict, "head."),
+          "classifier": {"kernel": jnp.asarray(state_dict["classifier.weight"].numpy().T),
+                         "bias": jnp.asarray(state_dict["classifier.bias"].numpy())}}
+
+
+def _torch_hidden(model, ids, mask):
+  """Run torch ModernBertModel; return numpy [B, L, d]."""
+  with torch.no_grad():
+    out = model(input_ids=torch.as_tensor(ids, dtype=torch.long),
+                attention_mask=torch.as_tensor(mask, dtype=torch.long))
+  return out.last_hidden_state.numpy()
+
+
+def _padded_batch(lengths, seed):
+  """Return ids, mask int32 [B, L] with right padding (pad id 0) and tokens in [4, 64)."""
+  rng = np.random.default_rng(seed)
+  ids = np.zeros((len(lengths), L), np.int32)
+  mask = np.zeros((len(lengths), L), np.int32)
+  for b, n in enumerate(lengths):
+    ids[b, :n] = rng.integers(4, 64, n)
+    mask[b, :n] = 1
+  return ids, mask
+
+
+def _packed_rows(rows, seed):
+  """Pack sequences: rows = [[len, ...], ...]; returns ids, mask, seg, pos [R, L] and the seqs."""
+  rng = np.random.default_rng(seed)
+  shape = (len(rows), L)
+  ids, mask, seg, pos = (np.zeros(shape, np.int32) for _ in range(4))
+  seqs = []  # (row, start, length, token ids)
+  for r, lengths in enumerate(rows):
+    start = 0
+    for s, n in enumerate(lengths):
+      toks = rng.integers(4, 64, n).astype(np.int32)
+      ids[r, start:start + n] = toks
+      mask[r, start:start + n] = 1
+      seg[r, start:start + n] = s + 1
+      pos[r, start:start + n] = np.arange(n)
+      seqs.append((r, start, n, toks))
+      start += n
+  return ids, mask, seg, pos, seqs
+
+
+ENCODER_CASES = [
+    pytest.param(dict(num_hidden_layers=3, global_attn_every_n_layers=2), id="L3-every2-win8-nobias"),
+    pytest.param(dict(num_hidden_layers=5, global_attn_every_n_layers=3, attention_bias=True,
+                      mlp_bias=True, norm_bias=True), id="L5-every3-win8-allbias"),
+    pytest.param(dict(num_hidden_layers=4, global_attn_every_n_layers=3, local_attention=12,
+                      norm_bias=True, hidden_activation="gelu_pytorch_tanh"),
+                 id="L4-every3-win12-normbias-tanhgelu"),
+    pytest.param(dict(num_hidden_layers=3, global_attn_every_n_layers=2, local_attention=8,
+                      hidden_activation="silu", mlp_bias=True), id="L3-every2-silu-mlpbias"),
+]
+
+
+@pytest.mark.parametrize("use_jit", [True, False], ids=["jit", "nojit"])
+@pytest.mark.parametrize("overrides", ENCODER_CASES)
+def test_encoder_matches_torch_on_padded_batch(overrides, use_jit):
+  hf_cfg = _hf_config(**overrides)
+  torch_model = _randomise(transformers.ModernBertModel(hf_cfg), seed=1)
+  cfg = mb.ModernBertConfig.from_hf(hf_cfg.to_dict())
+  assert cfg.layer_types == tuple(hf_cfg.layer_types)
+  params = _torch_params_to_flax(torch_model.state_dict())
+  ids, mask = _padded_batch([L, 27, 9], seed=2)
+  enc = mb.ModernBertEncoder(cfg)
+  fn = lambda p, i, m: enc.apply({"params": p}, i, m)
+  out = (jax.jit(fn) if use_jit else fn)(params, jnp.asarray(ids), jnp.asarray(mask))
+  ref = _torch_hidden(torch_model, ids, mask)
+  valid = mask.astype(bool)
+  err = np.abs(np.asarray(out)[valid] - ref[valid]).max()
+  assert out.shape == (3, L, 32) and out.dtype == jnp.float32
+  assert err <= ATOL_F32, f"max abs error {err:.2e} > {ATOL_F32}"
+  # The local window really is narrower than the sequence, so sliding layers were exercised.
+  assert cfg.local_attention // 2 < L // 2 and mb.SLIDING_ATTENTION in cfg.layer_types
+
+
+@pytest.mark.parametrize("attention_impl", ["xla", "blocked"])
+def test_packed_rows_equal_sequences_run_alone(attention_impl):
+  hf_cfg = _hf_config(num_hidden_layers=3, global_attn_every_n_layers=2)
+  torch_model = _randomise(transformers.ModernBertModel(hf_cfg), seed=3)
+  cfg = mb.ModernBertConfig.from_hf(hf_cfg.to_dict(), attention_impl=attention_impl)
+  params = _torch_params_to_flax(torch_model.state_dict())
+  # Row 0: three sequences + 2 padding tokens; row 1: two sequences; row 2: all padding.
+  ids, mask, seg, pos, seqs = _packed_rows([[13, 20, 5], [25, 15], []], seed=4)
+  out = jax.jit(mb.ModernBertEncoder(cfg).apply)(
+      {"params": params}, jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(seg), jnp.asarray(pos))
+  out = np.asarray(out)
+  assert np.isfinite(out).all(), "padding rows/tokens must stay finite"
+  for r, start, n, toks in seqs:
+    ref = _torch_hidden(torch_model, toks[None], np.ones((1, n), np.int32))[0]
+    err = np.abs(out[r, start:start + n] - ref).max()
+    assert err <= ATOL_F32, f"row {r} segment at {start} (len {n}): max abs error {err:.2e}"
+
+
+@pytest.mark.parametrize("local_attention", [8, 6, 128], ids=["win8", "win6-ragged-blocks", "win128>L"])
+def test_blocked_local_attention_equals_reference(local_attention):
+  # The attention kernels alone on random q/k/v (the blocked path end to end is checked against
+  # torch in test_packed_rows_equal_sequences_run_alone[blocked]).
+  window = local_attention // 2
+  _, _, seg, pos, _ = _packed_rows([[13, 20, 5], [L]], seed=5)
+  q, k, v = (jax.random.normal(key, (2, L, 4, 8)) for key in jax.random.split(jax.random.PRNGKey(0), 3))
+  no_dropout = lambda p: p
+  run = jax.jit(lambda fn, w: fn(q, k, v, jnp.asarray(seg), jnp.asarray(pos), w, no_dropout),
+                static_argnums=(0, 1))
+  ref = np.asarray(run(mb.reference_attention, window))
+  blocked = np.asarray(run(mb.blocked_local_attention, window))
+  valid = seg > 0
+  err = np.abs(ref[valid] - blocked[valid]).max()
+  assert err <= 1e-5, f"blocked vs reference max abs error {err:.2e}"
+  assert np.isfinite(blocked).all()
+  # The window must matter here (except when it spans every segment), else the test is vacuous.
+  window_effect = np.abs(np.asarray(run(mb.reference_attention, None))[valid] - ref[valid]).max()
+  assert (window_effect > 1e-3) == (window < L - 1), window_effect
+
+
+def test_bf16_compute_close_to_float32_torch():
+  hf_cfg = _hf_config(num_hidden_layers=3, global_attn_every_n_layers=2)
+  torch_model = _randomise(transformers.ModernBertModel(hf_cfg), seed=6)
+  cfg = mb.ModernBertConfig.from_hf(hf_cfg.to_dict(), dtype=jnp.bfloat16)
+  params = _torch_params_to_flax(torch_model.state_dict())
+  ids, mask = _padded_batch([L, 21], seed=7)
+  out = jax.jit(mb.ModernBertEncoder(cfg).apply)({"params": params}, ids, mask)
+  assert out.dtype == jnp.bfloat16
+  assert all(x.dtype == jnp.float32 for x in jax.tree_util.tree_leaves(params))
+  ref = _torch_hidden(torch_model, ids, mask)
+  valid = mask.astype(bool)
+  diff = np.abs(np.asarray(out, np.float32)[valid] - ref[valid])
+  scale = np.abs(ref[valid]).max()
+  # bf16 keeps 8 significand bits: one rounding is off by up to 2^-9 ~ 2e-3 relative, and the
+  # output itself is rounded to bf16 (up to ~8e-3 absolute at |y| ~ 4). Through 3 layers (about
+  # 10 rounded matmuls/activations feeding the residual stream) errors compound to ~1% of the
+  # output scale: measured max 3.4e-2 and mean 5.2e-3 at scale 3.6. Bounds at ~2.5x / 2x that:
+  # max <= 2.5e-2 * scale, mean <= 3e-3 * scale.
+  assert diff.max() <= 2.5e-2 * scale, f"bf16 max abs error {diff.max():.3e} vs scale {scale:.2f}"
+  assert diff.mean() <= 3e-3 * scale, f"bf16 mean abs error {diff.mean():.3e} vs scale {scale:.2f}"
+
+
+@pytest.mark.parametrize("pooling,classifier_bias", [("cls", False), ("mean", True)],
+                         ids=["cls", "mean-bias"])
+def test_sequence_classifier_matches_torch(pooling, classifier_bias):
+  hf_cfg = _hf_config(classifier_pooling=pooling, classifier_bias=classifier_bias, num_labels=3,
+                      norm_bias=True)
+  torch_model = _randomise(transformers.ModernBertForSequenceClassification(hf_cfg), seed=8)
+  cfg = mb.ModernBertConfig.from_hf(hf_cfg.to_dict())
+  assert cfg.num_labels == 3 and cfg.classifier_pooling == pooling
+  params = _classifier_params(torch_model.state_dict())
+  # The last row is all padding (a bucket filler): its logits must be finite, not compared.
+  ids, mask = _padded_batch([L, 30, 7, 0], seed=9)
+  logits = jax.jit(mb.ModernBertSequenceClassifier(cfg).apply)({"params": params}, ids, mask)
+  with torch.no_grad():
+    ref = torch_model(input_ids=torch.as_tensor(ids[:3], dtype=torch.long),
+                      attention_mask=torch.as_tensor(mask[:3], dtype=torch.long)).logits.numpy()
+  assert logits.shape == (4, 3) and logits.dtype == jnp.float32
+  assert np.isfinite(np.asarray(logits)).all()
+  err = np.abs(np.asarray(logits)[:3] - ref).max()
+  assert err <= ATOL_F32, f"{pooling}: max abs logit error {err:.2e}"
+
+  # Per-segment pooling of a packed row equals each sequence scored alone.
+  ids_p, mask_p, seg_p, pos_p, seqs = _packed_rows([[13, 20, 5]], seed=10)
+  seg_logits = jax.jit(mb.ModernBertSequenceClassifier(cfg).apply, static_argnames="num_segments")(
+      {"params": params}, ids_p, mask_p, seg_p, pos_p, num_segments=4)
+  assert seg_logits.shape == (1, 4, 3)
+  for s, (_, _, n, toks) in enumerate(seqs):
+    with torch.no_grad():
+      alone = torch_model(input_ids=torch.as_tensor(toks[None], dtype=torch.long),
+                          attention_mask=torch.ones((1, n), dtype=torch.long)).logits.numpy()[0]
+    err = np.abs(np.asarray(seg_logits[0, s]) - alone).max()
+    assert err <= ATOL_F32, f"{pooling}: segment {s + 1} max abs logit error {err:.2e}"
+
+
+def test_dropout_active_only_when_not_deterministic():
+  cfg = mb.ModernBertConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                            num_attention_heads=4, local_attention=8, attention_dropout=0.1,
+                            embedding_dropout=0.1, mlp_dropout=0.1)
+  params = mb.init_params(cfg, jax.random.PRNGKey(0))
+  ids, mask = _padded_batch([L, 20], seed=11)
+  enc = mb.ModernBertEncoder(cfg)
+  apply = jax.jit(enc.apply, static_argnames="deterministic")
+  det = apply({"params": params}, ids, mask)
+  det_again = apply({"params": params}, ids, mask, deterministic=True)
+  k1, k2 = jax.random.PRNGKey(1), jax.random.PRNGKey(2)
+  drop1 = apply({"params": params}, ids, mask, deterministic=False, rngs={"dropout": k1})
+  drop1b = apply({"params": params}, ids, mask, deterministic=False, rngs={"dropout": k1})
+  drop2 = apply({"params": params}, ids, mask, deterministic=False, rngs={"dropout": k2})
+  np.testing.assert_array_equal(np.asarray(det), np.asarray(det_again))
+  np.testing.assert_array_equal(np.asarray(drop1), np.asarray(drop1b))
+  assert np.abs(np.asarray(drop1) - np.asarray(det)).max() > 1e-2
+  assert np.abs(np.asarray(drop1) - np.asarray(drop2)).max() > 1e-2
+
+
+def test_rope_known_answer():
+  # Position 1, head_dim 4, theta 100: inv_freq = [1, 100^-0.5] = [1, 0.1]; layout cat(f, f).
+  cos, sin = mb.rope_cos_sin(jnp.array([[0, 1]]), 4, 100.0)
+  np.testing.assert_allclose(np.asarray(cos[0, 1]), np.cos([1.0, 0.1, 1.0, 0.1]), rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(sin[0, 0]), np.zeros(4), atol=0)
+  x = jnp.array([1.0, 2.0, 3.0, 4.0]).reshape(1, 1, 1, 4)
+  rotated = mb.apply_rope(x, jnp.full((1, 1, 4), 0.0), jnp.full((1, 1, 4), 1.0))
+  np.testing.assert_array_equal(np.asarray(rotated).ravel(), [-3.0, -4.0, 1.0, 2.0])
+
+
+def test_window_mask_known_answer():
+  seg = jnp.array([[1, 1, 1, 1, 2, 2, 0]])
+  pos = jnp.array([[0, 1, 2, 3, 0, 1, 0]])
+  mask = np.asarray(mb.attention_mask_matrix(seg, pos, window=1))[0]
+  expected = np.array([
+      [1, 1, 0, 0, 0, 0, 0],
+      [1, 1, 1, 0, 0, 0, 0],
+      [0, 1, 1, 1, 0, 0, 0],
+      [0, 0, 1, 1, 0, 0, 0],
+      [0, 0, 0, 0, 1, 1, 0],
+      [0, 0, 0, 0, 1, 1, 0],
+      [0, 0, 0, 0, 0, 0, 0]], bool)
+  np.testing.assert_array_equal(mask, expected)
+
+
+def test_official_converter_gives_the_same_outputs():
+  # logrerank_jax.convert (another module) on a HF ForSequenceClassification state dict.
+  from logrerank_jax.convert import (modernbert_params_from_torch,
+                                     sequence_classifier_params_from_torch)
+  hf_cfg = _hf_config(classifier_pooling="mean", num_labels=1, norm_bias=True, attention_bias=True)
+  torch_model = _randomise(transformers.ModernBertForSequenceClassification(hf_cfg), seed=12)
+  cfg = mb.ModernBertConfig.from_hf(hf_cfg.to_dict())
+  sd = {k: v.detach().numpy() for k, v in torch_model.state_dict().items()}
+  ids, mask = _padded_batch([L, 17], seed=13)
+  with torch.no_grad():
+    ref_logits = torch_model(input_ids=torch.as_tensor(ids, dtype=torch.long),
+                             attention_mask=torch.as_tensor(mask, dtype=torch.long)).logits.numpy()
+  ref_hidden = _torch_hidden(torch_model.model, ids, mask)
+
+  enc_params = modernbert_params_from_torch(sd, cfg)  # "model." prefix and head keys handled there
+  hidden = jax.jit(mb.ModernBertEncoder(cfg).apply)({"params": enc_params}, ids, mask)
+  valid = mask.astype(bool)
+  err = np.abs(np.asarray(hidden)[valid] - ref_hidden[valid]).max()
+  assert err <= ATOL_F32, f"encoder via converter: max abs error {err:.2e}"
+
+  clf_params = sequence_classifier_params_from_torch(sd, cfg)
+  logits = jax.jit(mb.ModernBertSequenceClassifier(cfg).apply)({"params": clf_params}, ids, mask)
+  err = np.abs(np.asarray(logits) - ref_logits).max()
+  assert logits.shape == (2, 1) and err <= ATOL_F32, f"classifier via converter: {err:.2e}"
+
+
+def test_layernorm_statistics_stay_float32_under_bf16():
+  # Values 1024 + 8k are exact in bf16, but their sum (~4e4) is not: bf16 statistics would put
+  # the mean off by up to ~128 and wreck the output; float32 statistics are exact here.
+  x = (1024.0 + 8.0 * np.arange(32, dtype=np.float32))[None]  # [1, 32], exact in bf16
+  ln = mb.LayerNorm(eps=1e-5, use_bias=False, dtype=jnp.bfloat16)
+  params = ln.init(jax.random.PRNGKey(0), jnp.asarray(x, jnp.bfloat16))
+  out = np.asarray(ln.apply(params, jnp.asarray(x, jnp.bfloat16)), np.float32)
+  ref = (x - x.mean()) / np.sqrt(x.var() + 1e-5)
+  # Only the final bf16 rounding of outputs in [-1.7, 1.7] remains: <= 2^-8 * 2 ~ 7.8e-3.
+  assert np.abs(out - ref).max() <= 7.8e-3, np.abs(out - ref).max()
