@@ -1,0 +1,247 @@
+"""Local sentence scorer (DESIGN.md eq 1-6): encoder, span pooling, intent/role heads, local MLP.
+
+One (query, passage) pair is encoded as one joint sequence `[CLS] q [SEP] s_1 ... s_m [SEP]`
+(eq 1); several such sequences share a packed row (`segment_ids`), and attention never crosses
+them, so packing does not change any score. Every span (the query's tokens of one sequence, or
+one sentence's tokens) is mean-pooled exactly with a segment sum over the flattened tokens.
+Then, for each sentence span s with query span q = span_query[s]:
+
+  gamma = softmax(MLP_int(h_q))              [3]   eq 2 (query intent)
+  r     = softmax(MLP_role(h_s))             [3]   eq 3 (sentence role)
+  g     = W_p(gamma * r)                     [g_dim]  eq 4 (no bias: a plain projection)
+  l     = MLP_local([h_q; h_s; g])           []    eq 5
+  z     = sigmoid(l)                         []    eq 6
+
+Role/intent index order everywhere: 0 background, 1 method, 2 result.
+
+Precision: the encoder computes in `encoder.dtype` (e.g. bfloat16); pooling accumulates in float32
+and the heads (0.84M params, negligible cost) run entirely in float32, so logits, softmaxes and
+sigmoids are float32 under bf16 compute (a bf16 sigmoid collapses distinct scores into ties).
+
+Head sizes (paper leaves them unstated): MLP_int and MLP_role are d -> 256 -> 3, W_p maps the
+3-vector to g_dim = d (768, back into encoder space), MLP_local is (2d + g_dim) -> 192 -> 1; all
+hidden activations exact GELU, dropout after each hidden activation. With ModernBERT-base
+(149,014,272 params) the heads add 840,327 params: local total 149,854,599 vs the paper's 149.85M.
+
+Ablations (flags of `LocalScorerConfig`):
+  * `use_role_head=False` ("w/o role head"): the role MLP does not exist (no params); r is the
+    uniform 1/3 vector in eq 4 AND in the outputs (`role_logits` are zeros). Consequence for the
+    graph, which is always built from *predicted* roles: every sentence gets argmax role 0
+    (ties -> lower index), so all adjacency edges are type 0 (same-role) and the similarity
+    "same role" constraint is vacuous; the role-KL loss has nothing to train and must be off.
+  * `use_intent_head=False` ("w/o intent head"): the intent MLP does not exist; gamma = 1/3.
+  * "w/o contextual encoding" (each sentence encoded alone as `[CLS] q [SEP] s_ij [SEP]`) changes
+    only what the scorer is fed, not the scorer: it is `LoGConfig.contextual_encoding=False`,
+    wired by `logrerank_jax.models.log_reranker.pack_for_config`, which packs every sentence as
+    its own one-sentence passage and restores the real passage/sentence indices of the nodes.
+"""
+
+import dataclasses
+from typing import Any, Dict, Mapping
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from logrerank_jax.errors import ConfigError
+from logrerank_jax.models.modernbert import ModernBertConfig, ModernBertEncoder
+
+NUM_ROLES = 3
+SPAN_NONE, SPAN_QUERY, SPAN_SENTENCE = 0, 1, 2
+
+# Token-side arrays of a packed batch (contract C5) that the scorer reads.
+TOKEN_KEYS = ("input_ids", "attention_mask", "segment_ids", "position_ids", "span_ids")
+SPAN_KEYS = ("span_kind", "span_query", "span_node")
+# Per-span outputs that are scattered to graph nodes.
+NODE_OUTPUT_KEYS = ("h", "h_query", "role_logits", "role_probs", "intent_probs", "local_logit",
+                    "local_score")
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalScorerConfig:
+  """Sizes and switches of the local scorer (encoder config included)."""
+  encoder: ModernBertConfig
+  intent_hidden: int = 256
+  role_hidden: int = 256
+  g_dim: int = 768
+  local_hidden: int = 192
+  dropout: float = 0.1
+  use_role_head: bool = True
+  use_intent_head: bool = True
+
+  def __post_init__(self):
+    for name in ("intent_hidden", "role_hidden", "g_dim", "local_hidden"):
+      if int(getattr(self, name)) <= 0:
+        raise ConfigError(f"LocalScorerConfig.{name} must be positive, got {getattr(self, name)}")
+    if not 0.0 <= float(self.dropout) < 1.0:
+      raise ConfigError(f"LocalScorerConfig.dropout must be in [0, 1), got {self.dropout}")
+
+
+class _Mlp(nn.Module):
+  """Dense -> exact GELU -> dropout -> Dense, all float32."""
+  hidden: int
+  out: int
+  dropout: float
+
+  @nn.compact
+  def __call__(self, x, deterministic: bool):
+    x = nn.Dense(self.hidden, dtype=jnp.float32, name="hidden")(x)
+    x = nn.gelu(x, approximate=False)
+    x = nn.Dropout(self.dropout)(x, deterministic=deterministic)
+    return nn.Dense(self.out, dtype=jnp.float32, name="out")(x)
+
+
+def pool_spans(hidden, span_ids, num_spans: int):
+  """Mean-pool token states per span over a packed batch.
+
+  Args:
+    hidden: [R, L, d] token states (any float dtype).
+    span_ids: [R, L] int32, 0 = token not pooled, else a span index in [1, num_spans).
+    num_spans: S, the span-table length (static).
+
+  Returns:
+    (pooled [S, d] float32, counts [S] float32); spans without tokens (and span 0) are zero.
+  """
+  d = hidden.shape[-1]
+  flat_h = hidden.reshape(-1, d).astype(jnp.float32)  # [R*L, d]
+  flat_s = span_ids.reshape(-1).astype(jnp.int32)  # [R*L]
+  # Span 0 collects CLS/SEP/padding; weight them out so pooled[0] is a clean zero.
+  w = (flat_s > 0).astype(jnp.float32)  # [R*L]
+  sums = jax.ops.segment_sum(flat_h * w[:, None], flat_s, num_segments=num_spans)  # [S, d]
+  counts = jax.ops.segment_sum(w, flat_s, num_segments=num_spans)  # [S]
+  pooled = sums / jnp.maximum(counts, 1.0)[:, None]
+  return pooled, counts
+
+
+class LocalScorer(nn.Module):
+  """Encoder + span pooling + intent/role heads + local MLP (eq 1-6)."""
+  cfg: LocalScorerConfig
+
+  @nn.compact
+  def __call__(self, input_ids, attention_mask, segment_ids, position_ids, span_ids, span_kind,
+               span_query, deterministic: bool = True) -> Dict[str, jax.Array]:
+    """Score every span of a packed batch.
+
+    Args:
+      input_ids, attention_mask, segment_ids, position_ids, span_ids: [R, L] int32 (contract C5).
+      span_kind: [S] int32 (0 none, 1 query, 2 sentence).
+      span_query: [S] int32, for a sentence span the index of its sequence's query span.
+      deterministic: False enables dropout (needs a "dropout" rng).
+
+    Returns:
+      Dict of per-span float32 arrays: `h` [S, d] (pooled span), `h_query` [S, d] (pooled query
+      of the span's sequence), `role_logits` [S, 3], `role_probs` [S, 3], `intent_probs` [S, 3],
+      `local_logit` [S], `local_score` [S], `span_mask` [S] bool (sentence spans). Entries of
+      non-sentence spans are zeroed so they carry no garbage.
+    """
+    cfg = self.cfg
+    num_spans = span_kind.shape[0]
+    hidden = ModernBertEncoder(cfg.encoder, name="encoder")(
+        input_ids, attention_mask, segment_ids=segment_ids, position_ids=position_ids,
+        deterministic=deterministic)  # [R, L, d]
+    pooled, _ = pool_spans(hidden, span_ids, num_spans)  # [S, d] float32
+    is_sent = span_kind == SPAN_SENTENCE  # [S]
+    q_idx = jnp.where(is_sent, span_query, 0)
+    h_s = pooled  # [S, d]
+    h_q = jnp.take(pooled, q_idx, axis=0)  # [S, d]
+
+    uniform = jnp.full((num_spans, NUM_ROLES), 1.0 / NUM_ROLES, jnp.float32)
+    if cfg.use_intent_head:
+      intent_logits = _Mlp(cfg.intent_hidden, NUM_ROLES, cfg.dropout, name="intent_mlp")(
+          h_q, deterministic)  # [S, 3]
+      intent_probs = jax.nn.softmax(intent_logits, axis=-1)
+    else:
+      intent_probs = uniform
+    if cfg.use_role_head:
+      role_logits = _Mlp(cfg.role_hidden, NUM_ROLES, cfg.dropout, name="role_mlp")(
+          h_s, deterministic)  # [S, 3]
+      role_probs = jax.nn.softmax(role_logits, axis=-1)
+    else:
+      role_logits = jnp.zeros((num_spans, NUM_ROLES), jnp.float32)
+      role_probs = uniform
+
+    g = nn.Dense(cfg.g_dim, use_bias=False, dtype=jnp.float32, name="proj_g")(
+        intent_probs * role_probs)  # [S, g_dim]
+    x = jnp.concatenate([h_q, h_s, g], axis=-1)  # [S, 2d + g_dim]
+    logit = _Mlp(cfg.local_hidden, 1, cfg.dropout, name="local_mlp")(x, deterministic)[:, 0]  # [S]
+
+    m = is_sent.astype(jnp.float32)
+    out = {
+        "h": h_s * m[:, None],
+        "h_query": h_q * m[:, None],
+        "role_logits": role_logits * m[:, None],
+        "role_probs": role_probs * m[:, None],
+        "intent_probs": intent_probs * m[:, None],
+        "local_logit": logit * m,
+        "local_score": jax.nn.sigmoid(logit) * m,
+        "span_mask": is_sent,
+    }
+    return out
+
+
+def score_batch(module: LocalScorer, params, batch: Mapping[str, Any], deterministic: bool = True,
+                rngs=None) -> Dict[str, jax.Array]:
+  """Apply `module` to the token/span arrays of a packed batch (a `PackedBatch` or a dict).
+
+  Args:
+    module: a `LocalScorer`.
+    params: its params (the inner tree, without the "params" key).
+    batch: object or mapping with the C5 fields `input_ids` ... `span_query`.
+    deterministic: False enables dropout.
+    rngs: e.g. {"dropout": key} when not deterministic.
+
+  Returns:
+    The per-span output dict of `LocalScorer.__call__`.
+  """
+  get = batch.__getitem__ if isinstance(batch, Mapping) else lambda k: getattr(batch, k)
+  args = [jnp.asarray(get(k), jnp.int32) for k in TOKEN_KEYS + ("span_kind", "span_query")]
+  return module.apply({"params": params}, *args, deterministic=deterministic, rngs=rngs)
+
+
+def spans_to_nodes(span_out: Mapping[str, jax.Array], span_node, num_nodes: int
+                   ) -> Dict[str, jax.Array]:
+  """Scatter per-span outputs to the flat graph layout [Q*N, ...] via `span_node`.
+
+  Args:
+    span_out: per-span arrays with leading dim S (e.g. `LocalScorer` outputs).
+    span_node: [S] int32, flat node index q*N + n of a sentence span, -1 otherwise.
+    num_nodes: Q*N (static).
+
+  Returns:
+    Dict with the keys of `NODE_OUTPUT_KEYS` present in `span_out`, each [Q*N, ...] float32;
+    nodes without a span (padding) are zero.
+  """
+  span_node = jnp.asarray(span_node, jnp.int32)
+  # Non-sentence spans go to an out-of-range index and are dropped by the scatter.
+  idx = jnp.where(span_node >= 0, span_node, num_nodes)  # [S]
+  out = {}
+  for k in NODE_OUTPUT_KEYS:
+    if k not in span_out:
+      continue
+    v = span_out[k]
+    out[k] = jnp.zeros((num_nodes,) + v.shape[1:], v.dtype).at[idx].set(v, mode="drop")
+  return out
+
+
+def count_local_params(cfg: LocalScorerConfig) -> Dict[str, int]:
+  """Count the scorer's params by submodule via `jax.eval_shape` (nothing is allocated).
+
+  Args:
+    cfg: the scorer config.
+
+  Returns:
+    {"encoder": n, "heads": n, "total": n}.
+  """
+  r, l = 1, 8  # any small shape: param shapes do not depend on it
+  ids = jnp.zeros((r, l), jnp.int32)
+  kinds = jnp.array([0, 1, 2, 2], jnp.int32)
+  query = jnp.array([0, 0, 1, 1], jnp.int32)
+
+  def init():
+    return LocalScorer(cfg).init(jax.random.PRNGKey(0), ids, ids + 1, ids + 1, ids, ids, kinds,
+                                 query)["params"]
+
+  shapes = jax.eval_shape(init)
+  n_enc = sum(int(x.size) for x in jax.tree_util.tree_leaves(shapes["encoder"]))
+  n_all = sum(int(x.size) for x in jax.tree_util.tree_leaves(shapes))
+  return {"encoder": n_enc, "heads": n_all - n_enc, "total": n_all}

@@ -1,0 +1,405 @@
+"""The full LoG-Reranker: local scorer -> sentence graph -> global GAT, with every ablation switch.
+
+`LoGConfig` is the one place where the paper's ablations (DESIGN.md §1, Tables 3 and 12) are
+switched; `ablation(cfg, name)` maps the paper's names to those switches. The sub-configs held by
+`LoGConfig` are *base* configs: their own ablation flags must stay at their defaults, and the
+resolved configs actually used (`cfg.local_scorer_config`, `cfg.graph_build_config`,
+`cfg.graph_reranker_config`) are derived from the switches, so there is one source of truth.
+
+What each switch does (and nothing else):
+  contextual_encoding=False   "w/o contextual encoding": every sentence is packed as its own
+                              sequence `[CLS] q [SEP] s_ij [SEP]` (`pack_for_config`); the graph
+                              keeps the real passage/sentence indices.
+  use_role_head=False         "w/o role head": no role MLP; r = 1/3 (see local_scorer.py); the
+                              graph sees role 0 everywhere; role-KL weight becomes 0.
+  use_intent_head=False       "w/o intent head": no intent MLP; gamma = 1/3.
+  use_intra_passage_edges     "w/o intra-passage edges": GraphBuildConfig.use_adjacency=False.
+  use_cross_passage_edges     "w/o cross-passage edges": GraphBuildConfig.use_similarity=False.
+  use_edge_constraints        "w/o edge constraints": GraphBuildConfig.use_constraints=False.
+  use_edge_types=False        "w/o edge types": every edge type 0 (graph) and one shared relation
+                              (GraphRerankerConfig.use_edge_types=False).
+  use_adjacency_expansion     "w/o adjacency expansion": context units get no in-passage neighbours.
+  use_similarity_expansion    "w/o similarity expansion": context units get no similar neighbours.
+  use_global=False            "w/o global": no GAT (no global params); final score = local score.
+                              The graph is still built: the structured context expands over it.
+  structured_context=False    "w/o structured context": the context is the flat top-K list.
+"""
+
+import dataclasses
+from typing import Any, Dict, Mapping, Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from logrerank_jax.errors import ConfigError
+from logrerank_jax.graph.build import GraphBuildConfig, build_sentence_graph
+from logrerank_jax.models.graph_reranker import GraphReranker, GraphRerankerConfig
+from logrerank_jax.models.local_scorer import (NUM_ROLES, SPAN_KEYS, TOKEN_KEYS, LocalScorer,
+                                               LocalScorerConfig, spans_to_nodes)
+from logrerank_jax.models.modernbert import ModernBertConfig
+
+# Graph-layout arrays of a packed batch that the full model reads.
+NODE_KEYS = ("node_passage", "node_mask")
+
+# HF config of ModernBERT-base / gte-reranker-modernbert-base (the paper's local encoder).
+MODERNBERT_BASE_HF = {
+    "model_type": "modernbert",
+    "vocab_size": 50368,
+    "hidden_size": 768,
+    "intermediate_size": 1152,
+    "num_hidden_layers": 22,
+    "num_attention_heads": 12,
+    "hidden_activation": "gelu",
+    "max_position_embeddings": 8192,
+    "norm_eps": 1e-5,
+    "norm_bias": False,
+    "attention_bias": False,
+    "mlp_bias": False,
+    "attention_dropout": 0.0,
+    "embedding_dropout": 0.0,
+    "mlp_dropout": 0.0,
+    "local_attention": 128,
+    "global_attn_every_n_layers": 3,
+    "global_rope_theta": 160000.0,
+    "local_rope_theta": 10000.0,
+    "pad_token_id": 50283,
+    "classifier_pooling": "mean",
+    "classifier_activation": "gelu",
+    "classifier_bias": False,
+    "classifier_dropout": 0.0,
+    "num_labels": 1,
+}
+
+# Paper ablation name -> (LoGConfig field, value that ablates it).
+ABLATIONS = {
+    "w/o contextual encoding": ("contextual_encoding", False),
+    "w/o role head": ("use_role_head", False),
+    "w/o intent head": ("use_intent_head", False),
+    "w/o intra-passage edges": ("use_intra_passage_edges", False),
+    "w/o cross-passage edges": ("use_cross_passage_edges", False),
+    "w/o edge constraints": ("use_edge_constraints", False),
+    "w/o edge types": ("use_edge_types", False),
+    "w/o adjacency expansion": ("use_adjacency_expansion", False),
+    "w/o similarity expansion": ("use_similarity_expansion", False),
+    "w/o global": ("use_global", False),
+    "w/o structured context": ("structured_context", False),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class LoGConfig:
+  """Full model config: sub-configs, context/loss settings and one switch per paper ablation."""
+  local: LocalScorerConfig
+  graph: GraphBuildConfig = GraphBuildConfig()
+  graph_reranker: GraphRerankerConfig = GraphRerankerConfig()
+  context_k: int = 10          # top-K context units (eq 17); unstated in the paper
+  num_similar: int = 2         # similar neighbours per unit (eq 18)
+  lambda_role: float = 0.5     # eq 22
+  tau: float = 1.0             # listwise target temperature (eq 19); unstated in the paper
+  # Ablation switches (True / default = the full model).
+  contextual_encoding: bool = True
+  use_role_head: bool = True
+  use_intent_head: bool = True
+  use_intra_passage_edges: bool = True
+  use_cross_passage_edges: bool = True
+  use_edge_constraints: bool = True
+  use_edge_types: bool = True
+  use_adjacency_expansion: bool = True
+  use_similarity_expansion: bool = True
+  use_global: bool = True
+  structured_context: bool = True
+
+  def __post_init__(self):
+    # Ablations are switched here only; a flag flipped inside a sub-config would be a second,
+    # conflicting source of truth.
+    for sub, flags in (("local", ("use_role_head", "use_intent_head")),
+                       ("graph", ("use_adjacency", "use_similarity", "use_constraints",
+                                  "use_edge_types")),
+                       ("graph_reranker", ("use_edge_types",))):
+      for f in flags:
+        if not getattr(getattr(self, sub), f):
+          raise ConfigError(f"LoGConfig.{sub}.{f} is False; switch ablations on LoGConfig "
+                            "(see ABLATIONS), not inside its sub-configs")
+    d_enc = self.local.encoder.hidden_size
+    if self.graph_reranker.d_enc != d_enc:
+      raise ConfigError(f"LoGConfig.graph_reranker.d_enc={self.graph_reranker.d_enc} does not "
+                        f"match the encoder's hidden_size={d_enc}")
+    if self.context_k < 1:
+      raise ConfigError(f"LoGConfig.context_k must be >= 1, got {self.context_k}")
+    if self.num_similar < 0:
+      raise ConfigError(f"LoGConfig.num_similar must be >= 0, got {self.num_similar}")
+    if self.tau <= 0:
+      raise ConfigError(f"LoGConfig.tau must be > 0, got {self.tau}")
+    if self.lambda_role < 0:
+      raise ConfigError(f"LoGConfig.lambda_role must be >= 0, got {self.lambda_role}")
+
+  @property
+  def local_scorer_config(self) -> LocalScorerConfig:
+    """The local scorer config with the head ablations applied."""
+    return dataclasses.replace(self.local, use_role_head=self.use_role_head,
+                               use_intent_head=self.use_intent_head)
+
+  @property
+  def graph_build_config(self) -> GraphBuildConfig:
+    """The graph-construction config with the edge ablations applied."""
+    return dataclasses.replace(self.graph, use_adjacency=self.use_intra_passage_edges,
+                               use_similarity=self.use_cross_passage_edges,
+                               use_constraints=self.use_edge_constraints,
+                               use_edge_types=self.use_edge_types)
+
+  @property
+  def graph_reranker_config(self) -> GraphRerankerConfig:
+    """The GAT config with the edge-type ablation applied."""
+    return dataclasses.replace(self.graph_reranker, use_edge_types=self.use_edge_types)
+
+  @property
+  def role_loss_weight(self) -> float:
+    """lambda_role, or 0 when there is no role head to train."""
+    return float(self.lambda_role) if self.use_role_head else 0.0
+
+  @classmethod
+  def paper(cls) -> "LoGConfig":
+    """Paper-size model: ModernBERT-base local encoder, d_g=256 2-layer 4-head GAT, k=8."""
+    encoder = ModernBertConfig.from_hf(dict(MODERNBERT_BASE_HF))
+    local = LocalScorerConfig(encoder=encoder, intent_hidden=256, role_hidden=256,
+                              g_dim=encoder.hidden_size, local_hidden=192, dropout=0.1)
+    return cls(local=local, graph=GraphBuildConfig(k=8, tau_sim=0.75, delta=0.25),
+               graph_reranker=GraphRerankerConfig())
+
+  @classmethod
+  def tiny(cls, vocab_size: int = 1024) -> "LoGConfig":
+    """CPU-test size, derived from `paper()` by shrinking sizes only (same code paths).
+
+    Args:
+      vocab_size: vocabulary of the (test) tokenizer; its [PAD] id is taken to be 0.
+    """
+    p = cls.paper()
+    # 3 layers, global every 2: global, sliding (window 16 < row length), global.
+    encoder = dataclasses.replace(
+        p.local.encoder, vocab_size=vocab_size, hidden_size=32, intermediate_size=48,
+        num_hidden_layers=3, num_attention_heads=2, max_position_embeddings=1024,
+        local_attention=16, global_attn_every_n_layers=2, layer_types=None, pad_token_id=0)
+    local = dataclasses.replace(p.local, encoder=encoder, intent_hidden=16, role_hidden=16,
+                                g_dim=32, local_hidden=16)
+    graph_reranker = dataclasses.replace(p.graph_reranker, d_enc=32, d_model=16, num_heads=2,
+                                         relation_dim=8, ffn_dim=32, mlp_hidden=16)
+    return dataclasses.replace(p, local=local, graph=dataclasses.replace(p.graph, k=2),
+                               graph_reranker=graph_reranker, context_k=4)
+
+
+def _normalise_name(name: str) -> str:
+  """Lower-case and collapse whitespace, so "W/O  Edge Types" finds "w/o edge types"."""
+  return " ".join(str(name).lower().split())
+
+
+def ablation(cfg: LoGConfig, name: str) -> LoGConfig:
+  """Return `cfg` with one of the paper's ablations switched on.
+
+  Args:
+    cfg: the base config.
+    name: a key of `ABLATIONS` (e.g. "w/o edge types"; case and spacing are forgiven).
+
+  Returns:
+    The ablated config.
+
+  Raises:
+    ConfigError: unknown ablation name.
+  """
+  key = _normalise_name(name)
+  if key not in ABLATIONS:
+    raise ConfigError(f"unknown ablation {name!r}; known: {sorted(ABLATIONS)}")
+  field, value = ABLATIONS[key]
+  return dataclasses.replace(cfg, **{field: value})
+
+
+def device_batch(batch) -> Dict[str, jax.Array]:
+  """Pick the arrays the model reads from a `PackedBatch` (or mapping) as jnp arrays.
+
+  Args:
+    batch: a `logrerank_jax.data.packing.PackedBatch` or a mapping with its field names.
+
+  Returns:
+    Dict of int32/bool jnp arrays: the token arrays, span table and `node_passage`/`node_mask`.
+  """
+  get = batch.__getitem__ if isinstance(batch, Mapping) else lambda k: getattr(batch, k)
+  out = {k: jnp.asarray(get(k), jnp.int32) for k in TOKEN_KEYS + SPAN_KEYS + ("node_passage",)}
+  out["node_mask"] = jnp.asarray(get("node_mask"), bool)
+  return out
+
+
+class LoGReranker(nn.Module):
+  """Local scorer -> sentence graph -> global GAT in one module (one jittable call)."""
+  cfg: LoGConfig
+
+  @nn.compact
+  def __call__(self, batch: Mapping[str, jax.Array], deterministic: bool = True,
+               freeze_local: bool = False) -> Dict[str, Any]:
+    """Score every sentence node of a packed batch.
+
+    Args:
+      batch: `device_batch(...)` output (token arrays [R, L], span table [S], node arrays [Q, N]).
+      deterministic: False enables dropout (needs a "dropout" rng).
+      freeze_local: stop gradients at the local outputs (global training stage).
+
+    Returns:
+      Dict over flat nodes [Q*N]: `h` [Q*N, d], `role_probs`, `role_logits`, `intent_probs`
+      [Q*N, 3], `local_logit`, `local_score`, `final_logit`, `final_score` [Q*N] float32,
+      `node_mask` [Q*N] bool, `graph` (the C3 GraphsTuple); plus `global_logit`/`global_score`
+      when the global stage is on (else final = local). Padding nodes hold zeros.
+    """
+    cfg = self.cfg
+    q, n = batch["node_mask"].shape
+    span_out = LocalScorer(cfg.local_scorer_config, name="local")(
+        *[batch[k] for k in TOKEN_KEYS], batch["span_kind"], batch["span_query"],
+        deterministic=deterministic)
+    nodes = spans_to_nodes(span_out, batch["span_node"], q * n)  # each [Q*N, ...]
+    if freeze_local:
+      nodes = jax.lax.stop_gradient(nodes)
+    node_mask = batch["node_mask"].reshape(q * n)  # [Q*N]
+    h = nodes["h"]  # [Q*N, d]
+    graph = build_sentence_graph(
+        h.reshape(q, n, -1), nodes["role_probs"].reshape(q, n, NUM_ROLES),
+        nodes["local_score"].reshape(q, n), batch["node_passage"], batch["node_mask"],
+        cfg.graph_build_config)
+    out = dict(nodes)
+    out["node_mask"] = node_mask
+    out["graph"] = graph
+    if cfg.use_global:
+      glogit = GraphReranker(cfg.graph_reranker_config, name="global")(
+          h, nodes["role_probs"], nodes["local_score"], graph, deterministic=deterministic)
+      glogit = jnp.where(node_mask, glogit.astype(jnp.float32), 0.0)  # [Q*N]
+      out["global_logit"] = glogit
+      out["global_score"] = jnp.where(node_mask, jax.nn.sigmoid(glogit), 0.0)
+      out["final_logit"], out["final_score"] = out["global_logit"], out["global_score"]
+    else:
+      out["final_logit"], out["final_score"] = nodes["local_logit"], nodes["local_score"]
+    return out
+
+
+def init_params(cfg: LoGConfig, batch, rng) -> Dict[str, Any]:
+  """Initialise the full model's params on a (packed) example batch.
+
+  Args:
+    cfg: model config.
+    batch: a `PackedBatch` or `device_batch` dict (only its shapes matter).
+    rng: PRNG key.
+
+  Returns:
+    The param tree {"local": {...}, "global": {...} (absent when use_global=False)}.
+  """
+  return LoGReranker(cfg).init(rng, device_batch(batch))["params"]
+
+
+def log_forward(params, batch, cfg: LoGConfig, deterministic: bool = True,
+                rngs: Optional[Dict[str, jax.Array]] = None, freeze_local: bool = False
+                ) -> Dict[str, Any]:
+  """Run local -> graph -> global on a packed batch (jit with `static_argnames=("cfg",
+  "deterministic", "freeze_local")`).
+
+  Args:
+    params: the `LoGReranker` param tree.
+    batch: a `PackedBatch` or `device_batch` dict.
+    cfg: model config (static).
+    deterministic: False enables dropout (pass rngs={"dropout": key}).
+    rngs: PRNG keys for dropout.
+    freeze_local: stop gradients at the local outputs (global training stage).
+
+  Returns:
+    The per-node output dict of `LoGReranker.__call__`.
+  """
+  return LoGReranker(cfg).apply({"params": params}, device_batch(batch), deterministic,
+                                freeze_local, rngs=rngs)
+
+
+def count_params(cfg: LoGConfig) -> Dict[str, int]:
+  """Parameter counts via `jax.eval_shape` (nothing is allocated).
+
+  Args:
+    cfg: model config.
+
+  Returns:
+    {"encoder", "local_heads", "local", "global", "total"} in parameters.
+  """
+  r, l, q, n = 1, 8, 1, 2  # any small example: param shapes do not depend on it
+  ex = {k: jnp.zeros((r, l), jnp.int32) for k in TOKEN_KEYS}
+  ex["attention_mask"] = ex["segment_ids"] = jnp.ones((r, l), jnp.int32)
+  ex["span_kind"] = jnp.array([0, 1, 2, 2], jnp.int32)
+  ex["span_query"] = jnp.array([0, 0, 1, 1], jnp.int32)
+  ex["span_node"] = jnp.array([-1, -1, 0, 1], jnp.int32)
+  ex["node_passage"] = jnp.zeros((q, n), jnp.int32)
+  ex["node_mask"] = jnp.ones((q, n), bool)
+  shapes = jax.eval_shape(lambda: LoGReranker(cfg).init(jax.random.PRNGKey(0), ex)["params"])
+
+  def size(tree):
+    return sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(tree))
+
+  enc = size(shapes["local"]["encoder"])
+  local = size(shapes["local"])
+  glob = size(shapes.get("global", {}))
+  return {"encoder": enc, "local_heads": local - enc, "local": local, "global": glob,
+          "total": local + glob}
+
+
+def pack_for_config(queries, tokenizer, packing_cfg, cfg: LoGConfig):
+  """Pack queries the way `cfg` encodes them (joint passages, or one sentence per sequence).
+
+  With `cfg.contextual_encoding` this is `pack_queries` unchanged. Without it ("w/o contextual
+  encoding"), every sentence is packed as its own one-sentence passage, so each sequence is
+  `[CLS] q [SEP] s_ij [SEP]`; node order is unchanged (sentences stay in passage order), and
+  `node_passage`/`node_sentence` are mapped back to the real passage and sentence indices so the
+  graph's passage structure (adjacency, cross-passage) is the same as in the full model.
+  `PackInfo.passages` is then indexed by [query][sentence-sequence] rather than [query][passage].
+
+  Args:
+    queries: list of `QueryInput`.
+    tokenizer: the fast tokenizer.
+    packing_cfg: a `PackingConfig` (None = default).
+    cfg: model config.
+
+  Returns:
+    (PackedBatch, PackInfo) as from `pack_queries`.
+  """
+  from logrerank_jax.data.packing import QueryInput, pack_queries  # host-side, NumPy only
+
+  if cfg.contextual_encoding:
+    return pack_queries(queries, tokenizer, packing_cfg)
+  exploded, real = [], []
+  for q in queries:
+    if not isinstance(q, QueryInput):
+      return pack_queries(queries, tokenizer, packing_cfg)  # let the packer name the bad record
+    exploded.append(QueryInput(q.query, [[s] for p in q.passages for s in p]))
+    real.append([(pi, si) for pi, p in enumerate(q.passages) for si in range(len(p))])
+  batch, info = pack_queries(exploded, tokenizer, packing_cfg)
+  node_passage = np.array(batch.node_passage)
+  node_sentence = np.array(batch.node_sentence)
+  for qi, nodes in enumerate(real):
+    if nodes:
+      arr = np.asarray(nodes, np.int32)  # [n_q, 2]
+      node_passage[qi, :len(nodes)] = arr[:, 0]
+      node_sentence[qi, :len(nodes)] = arr[:, 1]
+  return dataclasses.replace(batch, node_passage=node_passage, node_sentence=node_sentence), info
+
+
+def log_context(outputs: Mapping[str, Any], cfg: LoGConfig) -> list:
+  """Build the structured context units (eq 17-18) of a forward's outputs, host-side.
+
+  Ranks nodes by `final_score` (the global score; the local one under "w/o global") and applies
+  the context switches of `cfg` (adjacency / similarity expansion, flat list).
+
+  Args:
+    outputs: `log_forward` outputs (device or host arrays).
+    cfg: the model config used for the forward.
+
+  Returns:
+    One list of unit dicts per query slot, as `logrerank_jax.context.build_context` returns.
+  """
+  from logrerank_jax.context import build_context  # host-side NumPy formatting
+
+  graph = jax.tree_util.tree_map(np.asarray, outputs["graph"])
+  return build_context(np.asarray(outputs["final_score"]), graph, cfg.context_k,
+                       use_adjacency_expansion=cfg.use_adjacency_expansion,
+                       use_similarity_expansion=cfg.use_similarity_expansion,
+                       num_similar=cfg.num_similar, role_probs=np.asarray(outputs["role_probs"]),
+                       structured=cfg.structured_context)
