@@ -1,6 +1,7 @@
 """Tokenizer training and loading from a HF-format folder."""
 
 import json
+import pathlib
 
 import pytest
 
@@ -39,3 +40,23 @@ def test_load_errors_name_the_folder(tmp_path, make):
   make(path)
   with pytest.raises(CheckpointError, match="tok"):
     load_tokenizer(str(path))
+
+
+def test_vocabulary_is_identical_across_processes(tmp_path):
+  """Two fresh processes build the same vocabulary (the tokenizers trainer does not)."""
+  import subprocess
+  import sys
+  code = ("import json,sys; from logrerank_jax.data.tokenization import train_wordpiece_tokenizer as t;"
+          "recs=[json.loads(l) for l in open(sys.argv[1])];"
+          "tok=t([r['gold_ctx'][0]['text'] for r in recs], 500);"
+          "print(json.dumps(sorted(tok.get_vocab().items())))")
+  path = str(pathlib.Path(__file__).parent / "data" / "scifact_slice.jsonl")
+  outs = [subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True,
+                         check=True).stdout for _ in range(2)]
+  assert outs[0] == outs[1] and len(json.loads(outs[0])) == 500
+
+
+def test_unknown_words_decompose_into_characters(scifact_records):
+  tok = train_wordpiece_tokenizer(_abstracts(scifact_records), vocab_size=200)
+  ids = tok("zyxwv", add_special_tokens=False)["input_ids"]
+  assert tok.unk_token_id not in ids and len(ids) == 5

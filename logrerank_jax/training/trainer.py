@@ -187,10 +187,14 @@ def _tokenizer(config, workdir, records):
     return load_tokenizer(config.tokenizer)
   if config.init_checkpoint:
     return load_tokenizer(config.init_checkpoint)
+  saved = os.path.join(workdir, "tokenizer")
+  if os.path.isdir(saved):  # a resumed run keeps the tokenizer it started with
+    return load_tokenizer(saved)
   texts = [r.question for r in records] + [s.text for r in records for p in r.passages
                                            for s in p.sentences]
+  # The vocabulary is deterministic, so every process builds the same one; only process 0 writes.
   return train_wordpiece_tokenizer(texts, config.tokenizer_vocab_size,
-                                   os.path.join(workdir, "tokenizer"))
+                                   saved if jax.process_index() == 0 else None)
 
 
 def _file_digest(path: str) -> str:
