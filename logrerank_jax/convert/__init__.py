@@ -41,3 +41,27 @@ __all__ = [
     "sequence_classifier_params_to_torch",
     "sequence_classifier_rules",
 ]
+
+from logrerank_jax.convert.log_map import (  # noqa: E402  (full LoG-Reranker map, appended)
+    GRAPH_RERANKER_RULES,
+    LOCAL_HEAD_RULES,
+    apply_rename_table,
+    log_dims,
+    log_key_table,
+    log_params_from_torch,
+    log_params_to_torch,
+    log_rules,
+    parse_rename_table,
+)
+
+__all__ += [
+    "GRAPH_RERANKER_RULES",
+    "LOCAL_HEAD_RULES",
+    "apply_rename_table",
+    "log_dims",
+    "log_key_table",
+    "log_params_from_torch",
+    "log_params_to_torch",
+    "log_rules",
+    "parse_rename_table",
+]
