@@ -41,7 +41,11 @@ def save_model(directory: str, params: Dict[str, Any], cfg, tokenizer,
     shutil.rmtree(tmp)
   os.makedirs(tmp)
   params = jax.tree_util.tree_map(lambda x: np.asarray(x, np.float32), params)
-  ckptr = ocp.StandardCheckpointer()
+  # Called by one process only (the caller decides which): restrict orbax's cross-process
+  # barriers to this process, or a multi-host run would wait for peers that never save.
+  me = jax.process_index()
+  ckptr = ocp.StandardCheckpointer(multiprocessing_options=ocp.options.MultiprocessingOptions(
+      primary_host=me, active_processes={me}))
   ckptr.save(os.path.join(tmp, "params"), params)
   ckptr.wait_until_finished()
   save_log_config(os.path.join(tmp, "model_config.json"), cfg)
@@ -72,7 +76,9 @@ def load_model(directory: str, need_tokenizer: bool = True) -> Tuple[Dict[str, A
     if not os.path.exists(os.path.join(directory, name)):
       raise CheckpointError(f"{directory} is not a model folder: it has no {name}")
   cfg = load_log_config(os.path.join(directory, "model_config.json"))
-  params = ocp.StandardCheckpointer().restore(os.path.join(directory, "params"))
+  me = jax.process_index()
+  params = ocp.StandardCheckpointer(multiprocessing_options=ocp.options.MultiprocessingOptions(
+      primary_host=me, active_processes={me})).restore(os.path.join(directory, "params"))
   params = jax.tree_util.tree_map(np.asarray, params)
   tok_dir = os.path.join(directory, "tokenizer")
   tokenizer = None

@@ -489,8 +489,9 @@ def train_and_evaluate(config, workdir: str) -> Dict[str, Any]:
     order = np.random.RandomState(config.seed + 1 + epoch).permutation(num_mb)
     shares = batches[order[idx]]
     dstate, metrics = run(dstate, _place(shares, config.parallel, mesh))
-    metrics = jax.device_get(metrics)
-    metrics = {k: float(np.asarray(v).reshape(-1)[0]) for k, v in metrics.items()}
+    if config.parallel == "pmap":
+      metrics = take_state(metrics)  # identical on every device
+    metrics = {k: float(np.asarray(jax.device_get(v)).reshape(-1)[0]) for k, v in metrics.items()}
     if not math.isfinite(metrics["loss"]):
       raise TrainingDivergedError(
           f"non-finite loss {metrics['loss']} at micro-step {s + 1} (epoch {epoch}); the last good "

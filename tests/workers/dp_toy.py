@@ -27,7 +27,9 @@ def main():
   assert len(devices) == ndev, (len(jax.local_devices()), ndev)
   rs = np.random.RandomState(0)
   params = {"w": jnp.asarray(rs.randn(5).astype(np.float32)), "b": jnp.zeros((), jnp.float32)}
-  tx = optim.make_optimizer(1e-1, total_steps=6, accumulation=2)
+  # Tight clipping makes the update depend on the gradient scale (Adam alone is scale-free),
+  # so a gradient summed twice across devices would show.
+  tx = optim.make_optimizer(1e-1, total_steps=6, accumulation=2, max_grad_norm=0.05)
   state = step_lib.create_train_state(params, tx, seed=13)
   per_device = step_lib.make_per_device_step(loss_fn, {"mse": 1.0, "l1": 0.1}, tx)
   if mode == "pmap":
