@@ -1,0 +1,174 @@
+"""Read and validate OpenScholar / ScholarQABench style inference input.
+
+Accepted record (one JSON object per line):
+
+    {"input" | "question": str,
+     "ctxs" | "passages": [{"title": str (optional), "text": str, ...}, ...],
+     ...any other fields, kept untouched...}
+
+`input` wins over `question` and `ctxs` over `passages` when both are present.
+Each passage's `text` is split into sentences with
+`logrerank_jax.data.sentences.split_sentences` (exact character offsets into
+`text`; the title is not scored).  An empty or whitespace-only `text` is a
+valid passage with zero sentences.  Anything else unusable -- a text that is
+None, NaN, a number or an object, a missing or empty query, zero passages, a
+line that is not a JSON object -- makes that record a `DataError` naming the
+line and field; `read_inference_file` returns the error in the record's place
+so the caller can report it and carry on with the rest of the file.
+"""
+
+import dataclasses
+import json
+import math
+from typing import Any, Optional, Union
+
+from logrerank_jax.data.sentences import Sentence, split_sentences
+from logrerank_jax.errors import DataError
+
+QUERY_KEYS = ("input", "question")
+PASSAGE_KEYS = ("ctxs", "passages")
+
+
+@dataclasses.dataclass(frozen=True)
+class InferencePassage:
+  """One candidate passage: its title, text and sentences (offsets into `text`)."""
+  title: str
+  text: str
+  sentences: tuple[Sentence, ...]
+  passage_id: Optional[str]  # the input's `id` field as a string, if any
+
+
+@dataclasses.dataclass(frozen=True)
+class InferenceRecord:
+  """One query with its candidate passages, plus the raw input object it came from."""
+  query: str
+  passages: tuple[InferencePassage, ...]
+  passage_key: str          # "ctxs" or "passages": where the input kept them
+  raw: dict                 # the parsed input object, unchanged
+  record_id: Optional[str]  # the input's `id` field as a string, if any
+
+  @property
+  def sentence_texts(self) -> list[list[str]]:
+    """Sentence strings per passage (what the packer takes)."""
+    return [[s.text for s in p.sentences] for p in self.passages]
+
+
+@dataclasses.dataclass(frozen=True)
+class InputLine:
+  """One non-blank input line: the parsed record, or the error that stopped it."""
+  line: int                                   # 1-based line number in the file
+  raw: Optional[Any]                          # parsed JSON value (None if the JSON was bad)
+  record: Union[InferenceRecord, DataError]
+
+
+def _type_name(x: Any) -> str:
+  """Name a value's type for messages, calling NaN out (it is a float in JSON)."""
+  if isinstance(x, float) and math.isnan(x):
+    return "NaN"
+  return "null" if x is None else type(x).__name__
+
+
+def _optional_id(value: Any) -> Optional[str]:
+  """Return an `id` field as a string (ints are accepted), None when absent."""
+  if value is None or isinstance(value, bool):
+    return None
+  if isinstance(value, (str, int)):
+    return str(value)
+  return None
+
+
+def parse_inference_record(obj: Any, where: str = "record") -> InferenceRecord:
+  """Validate one input object and split its passages into sentences.
+
+  Args:
+    obj: the parsed JSON value of one line.
+    where: location used in error messages (e.g. "in.jsonl:3").
+
+  Returns:
+    The `InferenceRecord`.
+
+  Raises:
+    DataError: not an object, missing/empty query, no passages, or a passage whose title or
+      text has the wrong type.
+  """
+  if not isinstance(obj, dict):
+    raise DataError(f"{where}: expected a JSON object, got {_type_name(obj)}")
+  qkey = next((k for k in QUERY_KEYS if k in obj), None)
+  if qkey is None:
+    raise DataError(f"{where}: missing query: no 'input' or 'question' field")
+  query = obj[qkey]
+  if not isinstance(query, str) or not query.strip():
+    raise DataError(f"{where}: '{qkey}' must be a non-empty string, got {_type_name(query)}"
+                    + (" (empty)" if isinstance(query, str) else ""))
+  pkey = next((k for k in PASSAGE_KEYS if k in obj), None)
+  if pkey is None:
+    raise DataError(f"{where}: no passages: no 'ctxs' or 'passages' field")
+  ctxs = obj[pkey]
+  if not isinstance(ctxs, list):
+    raise DataError(f"{where}: '{pkey}' must be a list, got {_type_name(ctxs)}")
+  if not ctxs:
+    raise DataError(f"{where}: '{pkey}' is empty (zero passages)")
+  passages = []
+  for i, ctx in enumerate(ctxs):
+    at = f"{where} {pkey}[{i}]"
+    if not isinstance(ctx, dict):
+      raise DataError(f"{at}: expected an object, got {_type_name(ctx)}")
+    if "text" not in ctx:
+      raise DataError(f"{at}: missing 'text'")
+    text = ctx["text"]
+    if not isinstance(text, str):
+      raise DataError(f"{at}: 'text' must be a string, got {_type_name(text)}")
+    title = ctx.get("title")
+    if title is None:
+      title = ""
+    if not isinstance(title, str):
+      raise DataError(f"{at}: 'title' must be a string, got {_type_name(title)}")
+    passages.append(InferencePassage(title=title, text=text,
+                                     sentences=tuple(split_sentences(text)),
+                                     passage_id=_optional_id(ctx.get("id"))))
+  return InferenceRecord(query=query, passages=tuple(passages), passage_key=pkey, raw=obj,
+                         record_id=_optional_id(obj.get("id")))
+
+
+def parse_inference_line(line: str, lineno: int, where: str) -> InputLine:
+  """Parse one JSONL line into an `InputLine` (errors are returned, not raised).
+
+  Args:
+    line: the line's text.
+    lineno: its 1-based number.
+    where: file name for messages.
+
+  Returns:
+    The `InputLine`.
+  """
+  at = f"{where}:{lineno}"
+  try:
+    # json accepts the NaN/Infinity literals as floats; validation then rejects them by name.
+    raw = json.loads(line)
+  except json.JSONDecodeError as e:
+    return InputLine(lineno, None, DataError(f"{at}: malformed JSON ({e.msg} at column {e.colno})"))
+  try:
+    return InputLine(lineno, raw, parse_inference_record(raw, at))
+  except DataError as e:
+    return InputLine(lineno, raw, e)
+
+
+def read_inference_file(path: str) -> list[InputLine]:
+  """Read an inference JSONL file; blank lines are skipped, every other line gives one entry.
+
+  Args:
+    path: the JSONL file.
+
+  Returns:
+    One `InputLine` per non-blank line, in file order; bad lines carry a `DataError`.
+
+  Raises:
+    DataError: the file cannot be read or is not UTF-8.
+  """
+  try:
+    with open(path, encoding="utf-8") as f:
+      lines = f.readlines()
+  except (OSError, UnicodeDecodeError) as e:
+    raise DataError(f"cannot read inference input {path}: {e}") from e
+  return [parse_inference_line(line, n, path) for n, line in enumerate(lines, start=1)
+          if line.strip()]

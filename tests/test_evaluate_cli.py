@@ -1,0 +1,124 @@
+"""`tools/evaluate.py` on real SciFact pools: BM25, a tiny HF cross-encoder, LoG local-only and full LoG."""
+
+import importlib.util
+import json
+import pathlib
+
+import numpy as np
+import pytest
+
+from test_inference import make_pools, make_tiny_model
+from logrerank_jax import baselines, inference
+from logrerank_jax.evaluation import read_trec_run, rerank_metrics, run_from_scores, write_qrels
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+K = 3  # pools of 5 candidates: a cut-off below the pool size, so the ordering matters
+
+
+def load_tool():
+  """Import tools/evaluate.py as a module."""
+  spec = importlib.util.spec_from_file_location("evaluate_tool", ROOT / "tools" / "evaluate.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def make_hf_cross_encoder(directory, tokenizer):
+  """Save a random tiny `ModernBertForSequenceClassification` with the tokenizer in one folder."""
+  import torch
+  from transformers import ModernBertConfig, ModernBertForSequenceClassification
+
+  torch.manual_seed(0)
+  config = ModernBertConfig(
+      vocab_size=len(tokenizer), hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+      num_attention_heads=2, max_position_embeddings=512, local_attention=16,
+      global_attn_every_n_layers=2, pad_token_id=tokenizer.pad_token_id,
+      cls_token_id=tokenizer.cls_token_id, sep_token_id=tokenizer.sep_token_id,
+      bos_token_id=tokenizer.cls_token_id, eos_token_id=tokenizer.sep_token_id,
+      classifier_pooling="mean", num_labels=1)
+  model = ModernBertForSequenceClassification(config).eval()
+  model.save_pretrained(str(directory))
+  tokenizer.save_pretrained(str(directory))
+  return model
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+  """Run evaluate.py once in-process; return paths, pools, qrels, the torch model and stdout."""
+  from logrerank_jax.data.tokenization import load_tokenizer
+
+  tmp = tmp_path_factory.mktemp("evaluate")
+  pools, qrels = make_pools(pool_size=5, limit=4)
+  model = make_tiny_model(tmp / "model", pools)
+  torch_model = make_hf_cross_encoder(tmp / "ce", load_tokenizer(str(tmp / "model" / "tokenizer")))
+  with open(tmp / "pools.jsonl", "w", encoding="utf-8") as f:
+    for p in pools:
+      f.write(json.dumps(p) + "\n")
+  write_qrels(str(tmp / "pools.qrels"), qrels)
+  return tmp, model, pools, qrels, torch_model
+
+
+def test_evaluate_prints_table_and_writes_runs(run, capsys):
+  tmp, model, pools, qrels, _ = run
+  out = tmp / "eval"
+  rc = load_tool().main([
+      "--pools", str(tmp / "pools.jsonl"), "--qrels", str(tmp / "pools.qrels"),
+      "--checkpoint", model, "--cross-encoder", str(tmp / "ce"), "--out-dir", str(out),
+      "--k", str(K), "--row-len", "128", "--queries-per-batch", "2", "--no-compilation-cache",
+      "--no-progress"])
+  assert rc == 0
+  stdout = capsys.readouterr().out.splitlines()
+  systems = ["bm25", "cross-encoder", "log-local", "log"]
+  assert stdout[0].split() == ["system", f"recall@{K}", f"map@{K}", f"ndcg@{K}"]
+  assert [line.split()[0] for line in stdout[1:]] == systems
+  metrics = json.loads((out / "metrics.json").read_text())["metrics"]
+
+  # BM25 row == rerank_metrics on the pool's BM25 ordering, to the printed precision and exactly.
+  bm25_run = run_from_scores({p["id"]: {c["id"]: c["bm25"] for c in p["ctxs"]} for p in pools})
+  expected = rerank_metrics(bm25_run, qrels, k=K)
+  assert metrics["bm25"] == expected
+  assert stdout[1].split()[1:] == [f"{expected[c]:.2f}" for c in (f"recall@{K}", f"map@{K}", f"ndcg@{K}")]
+
+  # Every system: its TREC run re-evaluates to the reported metrics; per-query lines are complete.
+  per_query = [json.loads(line) for line in (out / "per_query.jsonl").read_text().splitlines()]
+  assert len(per_query) == len(systems) * len(pools)
+  for name in systems:
+    trec = read_trec_run(str(out / f"run.{name}.trec"))
+    assert rerank_metrics(run_from_scores(trec), qrels, k=K) == pytest.approx(metrics[name], abs=1e-9)
+    rows = [r for r in per_query if r["system"] == name]
+    assert np.mean([r[f"ndcg@{K}"] for r in rows]) == pytest.approx(metrics[name][f"ndcg@{K}"])
+
+  # Full LoG ranking == the passage ranking the reranker itself induces (first appearance).
+  rr = inference.Reranker.from_dir(model, row_len=128, queries_per_batch=2)  # as the CLI above
+  for pool, res in zip(pools, rr.rerank_records(pools)):
+    row = next(r for r in per_query if r["system"] == "log" and r["qid"] == pool["id"])
+    assert row["ranking"] == [pool["ctxs"][p]["id"] for p in res["passage_ranking"]][:K]
+
+
+def test_cross_encoder_matches_torch(run):
+  import torch
+
+  tmp, _, pools, _, torch_model = run
+  ce = baselines.CrossEncoder.from_hf_dir(str(tmp / "ce"), max_len=256, batch_size=4)
+  pairs = [(p["input"], baselines.passage_string(c)) for p in pools[:2] for c in p["ctxs"]]
+  ours = ce.score_pairs(pairs)
+  enc = ce.tokenizer([q for q, _ in pairs], [d for _, d in pairs], truncation="longest_first",
+                     max_length=256, padding=True, return_tensors="pt")
+  with torch.no_grad():
+    ref = torch_model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).logits[:, 0].numpy()
+  err = float(np.max(np.abs(ours - ref)))
+  print(f"cross-encoder vs torch: max abs logit error {err:.3g}")
+  assert err <= 1e-4, err  # float32 on both sides, different summation orders
+  assert len(set(np.round(ours, 4).tolist())) > 1  # scores depend on the passage
+
+
+def test_label_qrels_and_bad_pool_file(run, capsys):
+  tmp, _, pools, qrels, _ = run
+  tool = load_tool()
+  # Without --qrels, relevance comes from the pools' `label` fields: the same judgements here.
+  assert tool.label_qrels(tool.read_pools(str(tmp / "pools.jsonl"))) == qrels
+  bad = tmp / "bad.jsonl"
+  bad.write_text(json.dumps(pools[0]) + "\n" + json.dumps(dict(pools[1], ctxs=[])) + "\n")
+  rc = tool.main(["--pools", str(bad), "--out-dir", str(tmp / "bad_eval"), "--no-progress"])
+  assert rc == 1
+  assert "bad.jsonl:2" in capsys.readouterr().err and not (tmp / "bad_eval").exists()

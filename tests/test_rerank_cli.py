@@ -1,0 +1,118 @@
+"""`tools/rerank.py` end to end: a subprocess run and the in-process CLI, on real SciFact pools."""
+
+import importlib.util
+import json
+import os
+import pathlib
+import re
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from test_inference import check_output, make_pools, make_tiny_model
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+TOOL = ROOT / "tools" / "rerank.py"
+
+# Bad lines mixed into the input, with the message each must produce.
+BAD_LINES = [
+    ('{"input": "q", "ctxs": [', "malformed JSON"),
+    ('{"id": "nan", "input": "q", "ctxs": [{"title": "t", "text": NaN}]}', "got NaN"),
+    ('{"id": "num", "input": "q", "ctxs": [{"title": "t", "text": 3.5}]}', "got float"),
+    ('{"id": "none", "input": "q", "ctxs": []}', "zero passages"),
+    ('{"id": "noq", "ctxs": [{"title": "t", "text": "A sentence."}]}', "missing query"),
+]
+
+
+def load_tool():
+  """Import tools/rerank.py as a module (it is a script, not a package member)."""
+  spec = importlib.util.spec_from_file_location("rerank_tool", TOOL)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+  """A tiny model folder and an input file: 3 real pools with the bad lines between them."""
+  tmp = tmp_path_factory.mktemp("rerank_cli")
+  pools = make_pools(pool_size=4, limit=3)[0]
+  model = make_tiny_model(tmp / "model", pools)
+  good = [json.dumps(p) for p in pools]
+  lines = [good[0], BAD_LINES[0][0], BAD_LINES[1][0], good[1], "", BAD_LINES[2][0],
+           BAD_LINES[3][0], BAD_LINES[4][0], good[2]]
+  path = tmp / "in.jsonl"
+  path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+  # Expected output, one entry per non-blank line: a pool dict or an error message.
+  expected = [pools[0], BAD_LINES[0][1], BAD_LINES[1][1], pools[1], BAD_LINES[2][1],
+              BAD_LINES[3][1], BAD_LINES[4][1], pools[2]]
+  return tmp, model, path, expected
+
+
+def read_jsonl(path):
+  with open(path, encoding="utf-8") as f:
+    return [json.loads(line) for line in f]
+
+
+def test_subprocess_strict_run(setup):
+  tmp, model, inp, expected = setup
+  out, cache = tmp / "out.jsonl", tmp / "cache" / "xla"
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  proc = subprocess.run(
+      [sys.executable, str(TOOL), "--checkpoint", model, "--input", str(inp), "--output", str(out),
+       "--strict", "--queries-per-batch", "2", "--row-len", "128", "--compilation-cache", str(cache),
+       "--no-progress"], capture_output=True, text=True, env=env, timeout=240, check=False)
+  assert proc.returncode == 2, proc.stderr  # --strict: errors -> 2, after writing everything
+  results = read_jsonl(out)
+  assert len(results) == len(expected)
+  for i, (res, exp) in enumerate(zip(results, expected)):
+    if isinstance(exp, str):
+      assert exp in res["error"], (i, res)
+    else:
+      check_output(res, exp)
+  # Line numbers are those of the file (the blank line 5 is skipped, not a record).
+  assert [r["line"] for r in results] == [1, 2, 3, 4, 6, 7, 8, 9]
+  assert not [p for p in os.listdir(tmp) if p.startswith(".tmp-")]  # temp file renamed away
+  assert stat.S_IMODE(os.stat(cache).st_mode) == 0o700
+  m = re.search(r"XLA compilations: (\d+) \(persistent-cache hits (\d+).*forward calls (\d+)",
+                proc.stderr)
+  assert m and int(m.group(1)) >= 1 and int(m.group(3)) == 2, proc.stderr  # 3 good queries, 2 per call
+  # A second process finds the executables in the persistent cache and writes the same output.
+  out2 = tmp / "out2.jsonl"
+  proc2 = subprocess.run(
+      [sys.executable, str(TOOL), "--checkpoint", model, "--input", str(inp), "--output", str(out2),
+       "--queries-per-batch", "2", "--row-len", "128", "--compilation-cache", str(cache),
+       "--no-progress"], capture_output=True, text=True, env=env, timeout=240, check=False)
+  assert proc2.returncode == 0, proc2.stderr  # same errors, but no --strict
+  m2 = re.search(r"XLA compilations: (\d+) \(persistent-cache hits (\d+)", proc2.stderr)
+  assert m2 and int(m2.group(2)) == int(m2.group(1)) >= 1, proc2.stderr
+  assert read_jsonl(out2) == results
+
+
+def test_in_process_openscholar_round_trip(setup, capsys):
+  tmp, model, inp, expected = setup
+  out = tmp / "openscholar.jsonl"
+  rc = load_tool().main(["--checkpoint", model, "--input", str(inp), "--output", str(out),
+                         "--format", "openscholar", "--row-len", "128", "--no-compilation-cache",
+                         "--no-progress"])
+  assert rc == 0  # errors without --strict still exit 0
+  assert "5 with errors" in capsys.readouterr().err
+  raw_lines = [line for line in inp.read_text(encoding="utf-8").splitlines() if line.strip()]
+  results = read_jsonl(out)
+  assert len(results) == len(expected)
+  for line, res, exp in zip(raw_lines, results, expected):
+    if isinstance(exp, str):
+      assert exp in res["error"]
+      if exp != "malformed JSON":
+        # Compared as JSON text: the NaN record's NaN is not equal to itself.
+        kept = {k: v for k, v in res.items() if k != "error"}
+        assert json.dumps(kept, sort_keys=True) == json.dumps(json.loads(line), sort_keys=True)
+      continue
+    assert {k: res[k] for k in exp if k != "ctxs"} == {k: v for k, v in exp.items() if k != "ctxs"}
+    order = res["log_passage_order"]
+    assert sorted(order) == list(range(len(exp["ctxs"])))
+    assert res["ctxs"] == [exp["ctxs"][p] for p in order]  # every ctx kept, unchanged, reordered
+    assert res["log_context"] and all(
+        exp["ctxs"][u["passage"]]["text"].find(u["text"]) >= 0 for u in res["log_context"])

@@ -1,0 +1,155 @@
+"""Evaluate passage rerankers on a pool file with qrels: Recall / MAP / nDCG @k side by side.
+
+  python tools/evaluate.py --pools pools/scifact_pool.jsonl [--qrels pools/scifact.qrels] \
+      [--checkpoint MODEL_OR_WORKDIR] [--cross-encoder HF_DIR] --out-dir eval/ [--k 10]
+
+Systems (each a passage ranking per query):
+  bm25           the pool's own `bm25` scores (or BM25 over the pool when absent)
+  cross-encoder  ModernBERT sequence-classification head from an HF folder (`--cross-encoder`)
+  log-local      LoG "w/o global": passages by their best LOCAL sentence score (`--checkpoint`)
+  log            full LoG: passages by their best final (global) sentence score, i.e. the order
+                 of first appearance in the sentence ranking (`--checkpoint`)
+log-local and log come from the same jitted forward of the same checkpoint.  Rankings sort by
+decreasing score, ties by passage id (`logrerank_jax.evaluation.ranking_from_scores`); metrics
+follow `logrerank_jax.evaluation.rerank_metrics` (the paper's conventions).  Without `--qrels`,
+a passage is relevant iff its `label` is 1.  Writes into --out-dir: metrics.json,
+per_query.jsonl (one line per query and system) and run.<system>.trec (TREC run files).
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from logrerank_jax import baselines, inference  # pylint: disable=g-import-not-at-top
+from logrerank_jax.data.inference_input import parse_inference_record  # pylint: disable=g-import-not-at-top
+from logrerank_jax.errors import DataError, LogRerankError  # pylint: disable=g-import-not-at-top
+from logrerank_jax.evaluation import (query_metrics, read_qrels, rerank_metrics,  # pylint: disable=g-import-not-at-top
+                                      run_from_scores, write_trec_run)
+
+
+def parse_args(argv=None):
+  """Parse the command line."""
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--pools", required=True, help="pool JSONL (tools/prepare_data.py output)")
+  p.add_argument("--qrels", default=None, help="TREC qrels (default: ctx label == 1)")
+  p.add_argument("--checkpoint", default=None, help="LoG model folder or training workdir")
+  p.add_argument("--cross-encoder", default=None, help="HF ModernBertForSequenceClassification folder")
+  p.add_argument("--out-dir", required=True, help="folder for metrics.json, per_query.jsonl, run.*.trec")
+  p.add_argument("--k", type=int, default=10, help="metric cut-off (default 10)")
+  p.add_argument("--queries-per-batch", type=int, default=4, help="LoG queries per jitted call")
+  p.add_argument("--row-len", type=int, default=None,
+                 help="LoG packed row length (default: the model's training setting, else 1024)")
+  p.add_argument("--max-query-tokens", type=int, default=None,
+                 help="LoG query token limit (default: the model's training setting, else 64)")
+  p.add_argument("--ce-max-len", type=int, default=512, help="cross-encoder max pair length")
+  p.add_argument("--ce-batch-size", type=int, default=16, help="cross-encoder pairs per jitted call")
+  p.add_argument("--compilation-cache", default=None, help="persistent XLA cache folder")
+  p.add_argument("--no-compilation-cache", action="store_true", help="do not use the persistent cache")
+  p.add_argument("--no-progress", action="store_true", help="no progress bar")
+  return p.parse_args(argv)
+
+
+def read_pools(path: str):
+  """Read a pool file: list of (qid, query, ctxs, raw record), every ctx with a string id."""
+  pools = []
+  with open(path, encoding="utf-8") as f:
+    for lineno, line in enumerate(f, start=1):
+      if not line.strip():
+        continue
+      where = f"{path}:{lineno}"
+      try:
+        rec = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise DataError(f"{where}: malformed JSON ({e.msg})") from e
+      parse_inference_record(rec, where)  # validates query and passages, names the problem
+      ctxs = rec.get("ctxs", rec.get("passages"))
+      qid = str(rec.get("id", len(pools)))
+      ids = [str(c.get("id", i)) for i, c in enumerate(ctxs)]
+      if len(set(ids)) != len(ids):
+        raise DataError(f"{where}: passage ids repeat within the pool")
+      pools.append((qid, rec.get("input", rec.get("question")), ctxs, ids, rec))
+  if not pools:
+    raise DataError(f"{path}: no pool records")
+  return pools
+
+
+def label_qrels(pools) -> dict:
+  """qrels from the pools' `label` fields (relevant iff label == 1)."""
+  return {qid: {i for i, c in zip(ids, ctxs) if c.get("label") == 1} for qid, _, ctxs, ids, _ in pools}
+
+
+def log_scores(args, pools) -> dict:
+  """Run the LoG checkpoint once; return {"log-local": {qid: {pid: s}}, "log": {...}} and stats."""
+  rr = inference.Reranker.from_dir(args.checkpoint, queries_per_batch=args.queries_per_batch,
+                                   row_len=args.row_len, max_query_tokens=args.max_query_tokens)
+  parsed = [parse_inference_record(raw, f"pool {qid}") for qid, _, _, _, raw in pools]
+  results = rr.score(parsed, progress=not args.no_progress)
+  out = {"log-local": {}, "log": {}}
+  for (qid, _, _, ids, _), res in zip(pools, results):
+    if isinstance(res, LogRerankError):
+      raise DataError(f"LoG could not score query {qid}: {res}")
+    for system, which in (("log-local", "local"), ("log", "final")):
+      out[system][qid] = dict(zip(ids, res.passage_scores(which).tolist()))
+  return out, rr.compile_stats()
+
+
+def main(argv=None) -> int:
+  """Run the CLI; return the exit status."""
+  args = parse_args(argv)
+  start = time.time()
+  try:
+    if args.k < 1:
+      raise DataError(f"--k must be >= 1, got {args.k}")
+    if not args.no_compilation_cache and (args.checkpoint or args.cross_encoder):
+      inference.enable_compilation_cache(args.compilation_cache or inference.default_compilation_cache_dir())
+    pools = read_pools(args.pools)
+    qrels = read_qrels(args.qrels) if args.qrels else label_qrels(pools)
+    systems = {"bm25": {qid: dict(zip(ids, baselines.bm25_scores(q, ctxs)))
+                        for qid, q, ctxs, ids, _ in pools}}
+    if args.cross_encoder:
+      ce = baselines.CrossEncoder.from_hf_dir(args.cross_encoder, max_len=args.ce_max_len,
+                                              batch_size=args.ce_batch_size)
+      systems["cross-encoder"] = {qid: dict(zip(ids, baselines.cross_encoder_scores(ce, q, ctxs)))
+                                  for qid, q, ctxs, ids, _ in pools}
+    stats = None
+    if args.checkpoint:
+      log, stats = log_scores(args, pools)
+      systems.update(log)
+    metrics = {name: rerank_metrics(run_from_scores(s), qrels, k=args.k) for name, s in systems.items()}
+  except (LogRerankError, OSError) as e:
+    print(f"evaluate: error: {e}", file=sys.stderr)
+    return 1
+
+  os.makedirs(args.out_dir, exist_ok=True)
+  k = args.k
+  with open(os.path.join(args.out_dir, "metrics.json"), "w", encoding="utf-8") as f:
+    json.dump({"k": k, "num_queries": len(pools), "metrics": metrics}, f, indent=2)
+  with open(os.path.join(args.out_dir, "per_query.jsonl"), "w", encoding="utf-8") as f:
+    for name, scores in systems.items():
+      run = run_from_scores(scores)
+      for qid, ranking in run.items():
+        rel = qrels.get(qid, set())
+        m = query_metrics(ranking, rel, k) if rel else None
+        row = {"qid": qid, "system": name, "num_relevant": len(rel), "ranking": ranking[:k]}
+        row.update({f"{n}@{k}": None if m is None else 100.0 * m[n] for n in ("recall", "ap", "ndcg")})
+        f.write(json.dumps(row) + "\n")
+  for name, scores in systems.items():
+    write_trec_run(os.path.join(args.out_dir, f"run.{name}.trec"), scores, tag=name)
+
+  cols = [f"recall@{k}", f"map@{k}", f"ndcg@{k}"]
+  print(f"{'system':<16}" + "".join(f"{c:>12}" for c in cols))
+  for name, m in metrics.items():
+    print(f"{name:<16}" + "".join(f"{m[c]:>12.2f}" for c in cols))
+  extra = "" if stats is None else (f"; LoG XLA compilations {stats['xla_compilations']} over "
+                                    f"{stats['forward_calls']} calls")
+  print(f"evaluate: {len(pools)} queries, {len(systems)} systems in {time.time() - start:.1f}s{extra}; "
+        f"wrote {args.out_dir}", file=sys.stderr)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
