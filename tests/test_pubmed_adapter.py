@@ -14,6 +14,7 @@ from logrerank_jax.data import pubmed_adapter as A
 from logrerank_jax.data import records as R
 from logrerank_jax.data.sentences import split_sentence_texts
 from logrerank_jax.errors import DataError
+from logrerank_jax.evaluation import read_qrels
 
 DATA = pathlib.Path(__file__).parent / "data"
 SLICE = DATA / "pubmed_slice.jsonl"
@@ -195,7 +196,7 @@ def test_build_tool_is_deterministic_and_valid(tmp_path):
     outs.append({p.name: p.read_bytes() for p in sorted(out.iterdir())})
   assert outs[0] == outs[1]
   assert set(outs[0]) == {"train.jsonl", "val.jsonl", "test.jsonl", "test_queries.jsonl",
-                          "test_qrels.json", "manifest.json"}
+                          "test.qrels", "manifest.json"}
   ids = {}
   for split, n in (("train", 6), ("val", 2), ("test", 4)):
     recs, _ = R.validate_training_file(tmp_path / "a" / f"{split}.jsonl")
@@ -223,12 +224,13 @@ def test_shipped_demo_data():
   assert total < 1_000_000, total
   assert (DEMO / "LICENSE").read_bytes() == (DATA / "SCHOLARQABENCH_LICENSE").read_bytes()
   assert "MIT" in (DEMO / "README.md").read_text()
-  qrels = json.loads((DEMO / "test_qrels.json").read_text())
+  qrels = read_qrels(str(DEMO / "test.qrels"))
   with open(DEMO / "test_queries.jsonl", encoding="utf-8") as f:
     queries = [json.loads(line) for line in f]
-  assert [q["id"] for q in queries] == [r.id for r in splits["test"]] == list(qrels)
+  assert [q["id"] for q in queries] == [r.id for r in splits["test"]]
+  assert set(qrels) == {q["id"] for q in queries}
   for q, rec in zip(queries, splits["test"]):
     assert q["input"] == rec.question and len(q["ctxs"]) == 6
-    assert qrels[q["id"]] == [rec.passages[0].id]
+    assert qrels[q["id"]] == {rec.passages[0].id}
     assert {c["id"] for c in q["ctxs"]} == {p.id for p in rec.passages}
     assert all(c["text"].strip() for c in q["ctxs"])

@@ -97,13 +97,14 @@ def test_same_params_on_1_and_4_devices(dp_runs, name):
 
 
 def test_training_changed_the_params(dp_runs, data, tmp_path):
-  # Guard against a vacuous equality: 3 steps at lr 1e-3 move the weights well past PARAM_ATOL.
+  # Guard against a vacuous equality: the 3 steps (warm-up makes the first one lr 0) move the
+  # weights by ~lr per step, several times PARAM_ATOL.
   spec = _spec(data, tmp_path / "w0", tmp_path / "p0.npz", max_steps=1, learning_rate=0.0)
   _run(spec, 1, tmp_path / "s.json")
   init = _params(tmp_path / "p0.npz")
   moved = max(float(np.abs(init[k] - dp_runs["pmap-1dev"][k]).max())
               for k in init if not k.startswith("__"))
-  assert moved > 20 * PARAM_ATOL
+  assert moved > 5 * PARAM_ATOL
 
 
 def _free_port():

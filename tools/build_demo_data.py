@@ -6,7 +6,7 @@ Writes, into --out:
   train.jsonl, val.jsonl, test.jsonl   weakly-labelled training records (docs/DATA.md schema)
   test_queries.jsonl                   the test queries in OpenScholar inference format
                                        {"id", "input", "ctxs": [{"id", "title", "text"}]}
-  test_qrels.json                      {query id: [relevant passage id, ...]}
+  test.qrels                           TREC qrels of the test queries (`qid 0 docid 1`)
   manifest.json                        source checksum, arguments, counts, weak-label statistics
 Queries are drawn with numpy's PCG64 permutation of the record indices under --seed;
 no split's gold context is ever a negative of another split (no cross-split text leakage
@@ -26,6 +26,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from logrerank_jax.data import pubmed_adapter  # pylint: disable=g-import-not-at-top
 from logrerank_jax.data import records as records_lib  # pylint: disable=g-import-not-at-top
+from logrerank_jax.evaluation import write_qrels  # pylint: disable=g-import-not-at-top
 
 DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "logrerank_jax",
                            "demo_data")
@@ -111,9 +112,7 @@ def main(argv=None):
           rec, rel = pubmed_adapter.build_inference_record(pool, qi, args.passages, banned)
           qrels[rec["id"]] = rel
           f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-      with open(os.path.join(args.out, "test_qrels.json"), "w", encoding="utf-8") as f:
-        json.dump(qrels, f, indent=1)
-        f.write("\n")
+      write_qrels(os.path.join(args.out, "test.qrels"), {q: set(r) for q, r in qrels.items()})
   with open(os.path.join(args.out, "manifest.json"), "w", encoding="utf-8") as f:
     json.dump(manifest, f, indent=1)
     f.write("\n")

@@ -538,8 +538,11 @@ def train_and_evaluate(config, workdir: str) -> Dict[str, Any]:
     export_params = {"local": jax.device_get(frozen_local), "global": export_params["global"]}
   model_dir = os.path.join(workdir, "model")
   if proc == 0:
+    # The packer settings travel with the model so inference packs exactly as training did.
     save_model(model_dir, export_params, cfg, tokenizer,
-               info={"stage": config.stage, "source": source, "val": val})
+               info={"stage": config.stage, "source": source, "val": val,
+                     "packing": {"row_len": config.max_seq_len,
+                                 "max_query_tokens": config.max_query_tokens}})
   ckpt.close()
   write({"event": "end", "step": int(final_state.step), "loss": last_loss, "val": val})
   if log is not None:
