@@ -46,6 +46,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   config.weight_decay = 0.01
   config.warmup_fraction = 0.06
   config.max_grad_norm = 1.0
+  config.adam_eps = 1e-8                 # AdamW epsilon (HF/PyTorch default)
   config.lambda_role = 0.5               # eq 22
   config.listwise_tau = 1.0              # eq 19 (unstated in the paper)
   config.max_steps = 0                   # stop after this many micro-steps (0 = all epochs)

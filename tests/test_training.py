@@ -21,10 +21,14 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "workers" / "train_worker.py"
 DEMO = ROOT / "logrerank_jax" / "demo_data"
 
-# Adam divides each gradient entry by its running RMS, so the float noise of a different reduction
-# order (1 vs 4 devices, gloo vs in-process sums) can move a near-zero-gradient weight by up to
-# ~lr per step; with lr 1e-3 and 3 steps that bounds the difference well below 1e-3. Observed: 5e-5.
-PARAM_ATOL = 2e-4
+# Equality runs use Adam with eps = 1 (and a larger lr), which makes the update ~lr * gradient.
+# With the usual eps = 1e-8, Adam divides each entry by its running RMS, so parameters whose true
+# gradient is zero (the output biases: listwise softmax and pairwise differences are shift
+# invariant) move by ~lr per step in the direction of float noise, and two summation orders
+# (1 vs 4 devices, packed differently) disagree by ~lr. What is tested is the gradient's
+# independence of the device layout; the optimizer is checked elsewhere.
+EQUALITY = {"adam_eps": 1.0, "learning_rate": 0.1}
+PARAM_ATOL = 1e-6
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +48,7 @@ def data(tmp_path_factory):
 
 def _spec(data, workdir, out, config="local", **overrides):
   base = {"train_file": str(data / "train.jsonl"), "val_file": "", "tokenizer": str(data / "tok"),
-          "dropout": 0.0, "micro_batch_size": 4, "max_steps": 3}
+          "dropout": 0.0, "micro_batch_size": 4, "max_steps": 3, **EQUALITY}
   base.update(overrides)
   return {"config": config, "overrides": base, "workdir": str(workdir), "out": str(out)}
 
@@ -97,14 +101,14 @@ def test_same_params_on_1_and_4_devices(dp_runs, name):
 
 
 def test_training_changed_the_params(dp_runs, data, tmp_path):
-  # Guard against a vacuous equality: the 3 steps (warm-up makes the first one lr 0) move the
-  # weights by ~lr per step, several times PARAM_ATOL.
+  # Guard against a vacuous equality: 3 steps (warm-up makes the first one lr 0) move the weights
+  # far more than PARAM_ATOL.
   spec = _spec(data, tmp_path / "w0", tmp_path / "p0.npz", max_steps=1, learning_rate=0.0)
   _run(spec, 1, tmp_path / "s.json")
   init = _params(tmp_path / "p0.npz")
   moved = max(float(np.abs(init[k] - dp_runs["pmap-1dev"][k]).max())
               for k in init if not k.startswith("__"))
-  assert moved > 5 * PARAM_ATOL
+  assert moved > 1000 * PARAM_ATOL
 
 
 def _free_port():
@@ -166,21 +170,31 @@ def test_feature_cache_equals_recompute_and_loss_falls(data, tmp_path):
             if r["event"] == "train"]
   assert len(losses) == 27 and np.mean(losses[-9:]) < np.mean(losses[:9])
 
-  runs = {}
-  for cache in (True, False):
-    spec = _spec(data, tmp_path / f"g{cache}", tmp_path / f"g{cache}.npz", config="global",
-                 local_checkpoint=str(local), use_feature_cache=cache, max_steps=0,
-                 micro_batch_size=2, log_every_steps=1, tau_sim=0.3, delta=0.5)
+  def global_run(name, **overrides):
+    settings = dict(local_checkpoint=str(local), max_steps=0, micro_batch_size=2,
+                    log_every_steps=1, tau_sim=0.3, delta=0.5)
+    settings.update(overrides)
+    spec = _spec(data, tmp_path / name, tmp_path / f"{name}.npz", config="global", **settings)
     t0 = time.time()
-    runs[cache] = (_run(spec, 1, tmp_path / f"g{cache}.json"), time.time() - t0)
-  cached, recomputed = _params(tmp_path / "gTrue.npz"), _params(tmp_path / "gFalse.npz")
-  assert int(cached["__step__"]) == 9  # 6 queries / 2 per step x 3 epochs
-  # Same math on the same features; only XLA's fusion of the local forward differs.
-  _assert_close(cached, recomputed, 1e-5)
-  print(f"global stage wall time: cached {runs[True][1]:.1f}s, recomputed {runs[False][1]:.1f}s")
-  glosses = [r["loss"] for r in map(json.loads, (tmp_path / "gTrue" / "metrics.jsonl").read_text()
+    _run(spec, 1, tmp_path / f"{name}.json")
+    return _params(tmp_path / f"{name}.npz"), time.time() - t0
+
+  # The tiny config's own optimizer settings: the pairwise loss falls.
+  trained, _ = global_run("g_tiny", learning_rate=3e-3, adam_eps=1e-8)
+  assert int(trained["__step__"]) == 9  # 6 queries / 2 per step x 3 epochs
+  glosses = [r["loss"] for r in map(json.loads, (tmp_path / "g_tiny" / "metrics.jsonl").read_text()
                                      .splitlines()) if r["event"] == "train"]
   assert np.mean(glosses[-3:]) < np.mean(glosses[:3])
+
+  # Cached vs recomputed features: the same math, but the frozen encoder runs on differently
+  # packed rows, so features differ by float rounding (~1e-7); compared under EQUALITY (see top).
+  cached, t_cached = global_run("g_cached", use_feature_cache=True)
+  recomputed, t_recomputed = global_run("g_recomputed", use_feature_cache=False)
+  _assert_close(cached, recomputed, 1e-5)
+  init, _ = global_run("g_init", learning_rate=0.0, max_steps=1)
+  moved = max(float(np.abs(init[k] - cached[k]).max()) for k in init if not k.startswith("__"))
+  assert moved > 100 * 1e-5
+  print(f"global stage wall time: cached {t_cached:.1f}s, recomputed {t_recomputed:.1f}s")
 
 
 def test_nan_loss_stops_with_step_and_keeps_checkpoint(data, tmp_path, monkeypatch):

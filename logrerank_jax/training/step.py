@@ -141,9 +141,10 @@ def replicate(tree, devices=None):
 def unreplicate(tree):
   """Take this process's first device copy of a replicated (pmap-layout) pytree."""
   def first(x):
-    if isinstance(x, jax.Array) and not x.is_fully_addressable:
-      # Multi-host: x[0] would be a global computation; read the local shard instead.
-      shard = x.addressable_shards[0].data
+    if isinstance(x, jax.Array):
+      # Read the first local shard on the host: x[0] would be a jitted gather over a (possibly
+      # multi-host) array, which can wait on peers that have already finished.
+      shard = np.asarray(x.addressable_shards[0].data)
       return shard[0] if shard.ndim == x.ndim else shard
     return x[0]
   return jax.tree_util.tree_map(first, tree)

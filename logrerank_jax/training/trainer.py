@@ -215,7 +215,8 @@ def _tree_digest(tree) -> str:
 # Config keys that must not change when a run resumes (they change the data order or the math).
 _RESUME_KEYS = ("stage", "seed", "train_file", "model", "ablation", "dtype", "micro_batch_size",
                 "grad_accum_steps", "learning_rate", "num_epochs", "max_seq_len", "weight_decay",
-                "warmup_fraction", "lambda_role", "listwise_tau", "dropout", "use_feature_cache")
+                "warmup_fraction", "lambda_role", "listwise_tau", "dropout", "use_feature_cache",
+                "adam_eps")
 
 
 def _resume_signature(config) -> Dict[str, Any]:
@@ -447,7 +448,8 @@ def train_and_evaluate(config, workdir: str) -> Dict[str, Any]:
     total_micro = min(total_micro, config.max_steps)
   total_updates = optim.total_optimizer_steps(num_mb, config.num_epochs, config.grad_accum_steps)
   tx = optim.make_optimizer(config.learning_rate, total_updates, config.warmup_fraction,
-                            config.weight_decay, config.grad_accum_steps, config.max_grad_norm)
+                            config.weight_decay, config.grad_accum_steps, config.max_grad_norm,
+                            eps=config.adam_eps)
   state = step_lib.create_train_state(params, tx, config.seed)
 
   ckpt = Checkpointer(workdir, max_to_keep=config.max_to_keep,
