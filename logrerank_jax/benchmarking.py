@@ -1,0 +1,760 @@
+"""Benchmark suites: Flax vs PyTorch encoder, LoG pipeline, packing, recompiles, cache, params.
+
+Every suite returns a flat-ish dict of measured figures (JSON-serialisable). Timings are wall-clock
+medians after warm-up, with `block_until_ready` (JAX) so asynchronous dispatch is not mistaken for
+speed. The PyTorch peer is transformers' `ModernBertModel` with the same config and the same random
+weights (converted with `modernbert_params_from_torch`), fed the same token ids.
+
+Thread counts are set by the caller *before* JAX/torch start (see `tools/benchmark.py`): the
+process CPU affinity bounds XLA's CPU thread pool, and `torch.set_num_threads` bounds torch's.
+"""
+
+import dataclasses
+import json
+import os
+import platform
+import statistics
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from logrerank_jax.convert import modernbert_params_from_torch
+from logrerank_jax.data import sentences
+from logrerank_jax.data.packing import PackingConfig, QueryInput, pack_queries
+from logrerank_jax.data.pools import build_eval_pools
+from logrerank_jax.data.records import validate_training_file
+from logrerank_jax.data.scholarqabench import read_scholarqabench
+from logrerank_jax.data.sentences import split_sentence_texts
+from logrerank_jax.data.tokenization import train_wordpiece_tokenizer
+from logrerank_jax.errors import ConfigError, DataError, LogRerankError
+from logrerank_jax.graph.build import build_sentence_graph
+from logrerank_jax.models import log_reranker as lr
+from logrerank_jax.models import modernbert as mb
+from logrerank_jax.models.graph_reranker import GraphReranker
+from logrerank_jax.models.local_scorer import LocalScorer, spans_to_nodes
+
+# Paper, Table 10 (inference on one GPU, 50 passages per query).
+PAPER_TABLE10 = {"local_params": 149.85e6, "global_params": 2.67e6, "total_params": 152.52e6,
+                 "latency_s_per_query": 2.426, "peak_memory_gb": 3.21}
+# Datasheet dense bf16 peak of an H100/H200 SXM (TFLOP/s); MFU is stated against this.
+PEAK_TFLOPS = {"h200": 989.0, "h100": 989.0}
+SIZES = ("tiny", "small", "base")
+BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+
+
+# ----------------------------------------------------------------------------- environment
+
+def machine_info(threads: Optional[int] = None) -> Dict[str, Any]:
+  """Record the machine, library versions and thread settings of this run."""
+  info = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+          "python": platform.python_version(), "cpu_count": os.cpu_count(),
+          "cpu_affinity": (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                           else None),
+          "jax": jax.__version__, "flax": flax.__version__, "jax_backend": jax.default_backend(),
+          "jax_devices": [str(d.device_kind) for d in jax.devices()],
+          "xla_flags": os.environ.get("XLA_FLAGS", ""), "threads": threads,
+          # Other processes on the machine skew CPU timings; record how busy it was.
+          "load_average_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+    import transformers  # pylint: disable=g-import-not-at-top
+    info.update(torch=torch.__version__, transformers=transformers.__version__,
+                torch_threads=torch.get_num_threads(),
+                torch_cuda=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
+  except ImportError:
+    info.update(torch=None, transformers=None)
+  return info
+
+
+def timed(fn: Callable[[], Any], reps: int = 3, warmup: int = 1) -> float:
+  """Return the median wall time (s) of `fn()` over `reps` runs after `warmup` runs."""
+  for _ in range(warmup):
+    _block(fn())
+  times = []
+  for _ in range(reps):
+    t0 = time.perf_counter()
+    _block(fn())
+    times.append(time.perf_counter() - t0)
+  return statistics.median(times)
+
+
+def _block(x):
+  """Wait for JAX arrays (and CUDA torch work) inside `x`."""
+  jax.block_until_ready(x)
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+    if torch.cuda.is_available():
+      torch.cuda.synchronize()
+  except ImportError:
+    pass
+  return x
+
+
+def percentiles(values: Sequence[float]) -> Dict[str, float]:
+  """p50 / p95 / mean of a list of seconds."""
+  v = np.asarray(values, np.float64)
+  return {"p50": float(np.percentile(v, 50)), "p95": float(np.percentile(v, 95)),
+          "mean": float(v.mean()), "n": int(v.size)}
+
+
+class CompileCounter:
+  """Count XLA backend compilations (cache hits of the persistent cache are not compilations)."""
+
+  def __init__(self):
+    self.count = 0
+    self.seconds = 0.0
+
+  def _listener(self, event, duration, **_):
+    if event == BACKEND_COMPILE_EVENT:
+      self.count += 1
+      self.seconds += duration
+
+  def __enter__(self):
+    jax.monitoring.register_event_duration_secs_listener(self._listener)
+    return self
+
+  def __exit__(self, *exc):
+    try:
+      jax.monitoring.unregister_event_duration_listener(self._listener)
+    except (AttributeError, ValueError):  # older/newer JAX: clear rather than leave it counting
+      jax.monitoring.clear_event_listeners()
+
+
+# ----------------------------------------------------------------------------- data
+
+def load_pools(paths: Sequence[str], pool_size: int = 50, limit: Optional[int] = None
+               ) -> List[dict]:
+  """Build BM25 pools (`build_eval_pools`) from ScholarQABench files, concatenated.
+
+  Args:
+    paths: ScholarQABench single-paper JSONL files (the slices in tests/data, or the full files).
+    pool_size: passages per query (smaller when a file's corpus is smaller).
+    limit: queries kept per file (None: all).
+
+  Returns:
+    OpenScholar-style pool records.
+  """
+  if not paths:
+    raise ConfigError("load_pools needs at least one ScholarQABench file")
+  pools = []
+  for p in paths:
+    if not os.path.exists(p):
+      raise DataError(f"benchmark data file not found: {p}")
+    pools += build_eval_pools(read_scholarqabench(p), pool_size=pool_size, limit=limit)[0]
+  return pools
+
+
+def pool_query(pool: dict, num_passages: Optional[int] = None) -> QueryInput:
+  """Split a pool's passage texts into sentences (the host-side work of LoG, as the engine does)."""
+  ctxs = pool["ctxs"][:num_passages]
+  return QueryInput(pool["input"], [split_sentence_texts(c["text"]) or [c["title"] or "(empty)"]
+                                    for c in ctxs])
+
+
+def passage_query(pool: dict, num_passages: Optional[int] = None) -> QueryInput:
+  """One 'sentence' per passage: the cross-encoder's `[CLS] q [SEP] passage [SEP]` input."""
+  ctxs = pool["ctxs"][:num_passages]
+  return QueryInput(pool["input"], [[c["text"] or c["title"] or "(empty)"] for c in ctxs])
+
+
+def benchmark_tokenizer(pools: Sequence[dict], vocab_size: int = 4096):
+  """A deterministic WordPiece tokenizer trained on the pools' text (lengths realistic for BERT)."""
+  texts = [p["input"] for p in pools] + [c["text"] for p in pools for c in p["ctxs"]]
+  return train_wordpiece_tokenizer(texts, vocab_size)
+
+
+def packed_sequences(batch) -> List[np.ndarray]:
+  """Recover the sequences of a packed batch, in creation order (what torch gets padded)."""
+  seqs = []
+  for r in range(batch.input_ids.shape[0]):
+    seg = batch.segment_ids[r]
+    for s in range(1, int(seg.max()) + 1):
+      idx = np.nonzero(seg == s)[0]
+      # The token after [CLS] is the query span; spans are numbered in creation order.
+      seqs.append((int(batch.span_ids[r, idx[1]]), batch.input_ids[r, idx]))
+  return [ids for _, ids in sorted(seqs, key=lambda t: t[0])]
+
+
+def padded_batches(seqs: Sequence[np.ndarray], batch_size: int, pad_id: int,
+                   pad_to: Optional[int] = None):
+  """Cut sequences (in order) into batches padded to their longest (or to `pad_to`)."""
+  out = []
+  for i in range(0, len(seqs), batch_size):
+    chunk = seqs[i:i + batch_size]
+    length = pad_to or max(len(s) for s in chunk)
+    ids = np.full((len(chunk), length), pad_id, np.int64)
+    mask = np.zeros((len(chunk), length), np.int64)
+    for j, s in enumerate(chunk):
+      ids[j, :len(s)] = s
+      mask[j, :len(s)] = 1
+    out.append((ids, mask))
+  return out
+
+
+# ----------------------------------------------------------------------------- model sizes
+
+def encoder_config(size: str, vocab_size: int, dtype=jnp.float32, attention_impl: str = "xla"
+                   ) -> mb.ModernBertConfig:
+  """Encoder of a benchmark size: 'base' = ModernBERT-base; 'small'/'tiny' shrink it."""
+  base = mb.ModernBertConfig.from_hf(dict(lr.MODERNBERT_BASE_HF))
+  if size == "base":
+    cfg = base.replace(vocab_size=max(vocab_size, base.vocab_size))
+  elif size == "small":
+    # Same layer pattern and 128-token window as base; narrower and shallower for 2 CPU cores.
+    cfg = base.replace(vocab_size=vocab_size, hidden_size=256, intermediate_size=384,
+                       num_hidden_layers=4, num_attention_heads=4, layer_types=None, pad_token_id=0)
+  elif size == "tiny":
+    cfg = base.replace(vocab_size=vocab_size, hidden_size=32, intermediate_size=48,
+                       num_hidden_layers=3, num_attention_heads=2, local_attention=16,
+                       global_attn_every_n_layers=2, layer_types=None, pad_token_id=0)
+  else:
+    raise ConfigError(f"unknown benchmark size {size!r}; known: {SIZES}")
+  return cfg.replace(dtype=dtype, attention_impl=attention_impl)
+
+
+def log_config(size: str, vocab_size: int, dtype=jnp.float32, attention_impl: str = "xla"
+               ) -> lr.LoGConfig:
+  """Full LoG config of a benchmark size (paper graph/heads for small and base)."""
+  enc = encoder_config(size, vocab_size, dtype, attention_impl)
+  if size == "tiny":
+    cfg = lr.LoGConfig.tiny(vocab_size)
+  else:
+    cfg = lr.LoGConfig.paper()
+  local = dataclasses.replace(cfg.local, encoder=enc, g_dim=enc.hidden_size)
+  return dataclasses.replace(cfg, local=local, graph_reranker=dataclasses.replace(
+      cfg.graph_reranker, d_enc=enc.hidden_size))
+
+
+def row_len_for(size: str) -> int:
+  """Packed row length: the paper's 1,024 except for the tiny smoke size."""
+  return 128 if size == "tiny" else 1024
+
+
+def encoder_flops(cfg: mb.ModernBertConfig, seq_lens: Sequence[int]) -> float:
+  """Useful forward FLOPs of the encoder on sequences of these lengths (no padding, no masking).
+
+  2 FLOPs per multiply-add of every non-embedding weight per token, plus QK^T and AV over each
+  token's real context (the sequence for global layers, the symmetric window for local ones).
+  """
+  d, f = cfg.hidden_size, cfg.intermediate_size
+  per_layer_weights = d * 3 * d + d * d + d * 2 * f + f * d
+  tokens = float(sum(seq_lens))
+  total = 2.0 * per_layer_weights * cfg.num_hidden_layers * tokens
+  half = cfg.local_attention // 2
+  for kind in cfg.layer_types:
+    for n in seq_lens:
+      if kind == mb.FULL_ATTENTION:
+        ctx = float(n) * n
+      else:  # keys within +-half of each query, clipped at the sequence ends
+        i = np.arange(n)
+        ctx = float(np.sum(np.minimum(i + half, n - 1) - np.maximum(i - half, 0) + 1))
+      total += 4.0 * d * ctx
+  return total
+
+
+def peak_tflops() -> Optional[float]:
+  """Datasheet bf16 peak of the first accelerator, if it is a known one."""
+  kind = jax.devices()[0].device_kind.lower()
+  for name, tf in PEAK_TFLOPS.items():
+    if name in kind:
+      return tf
+  return None
+
+
+def device_peak_memory_gb() -> Optional[float]:
+  """Peak bytes in use on JAX's first device (None where the backend does not report it)."""
+  stats = jax.devices()[0].memory_stats() or {}
+  peak = stats.get("peak_bytes_in_use")
+  return None if peak is None else peak / 1e9
+
+
+# ----------------------------------------------------------------------------- torch peer
+
+def torch_peer(cfg: mb.ModernBertConfig, seed: int = 0, device: str = "cpu", bf16: bool = False):
+  """A transformers ModernBertModel with `cfg` and random weights, and the same weights for Flax.
+
+  Returns:
+    (torch model in eval mode, Flax encoder params).
+  """
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+
+  torch.manual_seed(seed)
+  hf = dict(cfg.to_hf_dict())
+  hf.update(bos_token_id=None, eos_token_id=None, cls_token_id=None, sep_token_id=None)
+  tcfg = transformers.ModernBertConfig(**hf)
+  model = transformers.ModernBertModel(tcfg).eval()
+  sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+  params = jax.tree_util.tree_map(jnp.asarray, modernbert_params_from_torch(sd, cfg))
+  if bf16:
+    model = model.to(torch.bfloat16)
+  return model.to(device), params
+
+
+# ----------------------------------------------------------------------------- suites
+
+def encoder_suite(queries: Sequence[QueryInput], tokenizer, size: str, reps: int = 3,
+                  torch_batch_size: int = 8, dtype=jnp.float32, torch_device: str = "cpu",
+                  impls: Sequence[str] = ("xla", "blocked"), run_torch: bool = True,
+                  row_buckets: Optional[Sequence[int]] = None,
+                  log: Callable[[str], None] = print) -> Dict[str, Any]:
+  """Tokens/s of the Flax encoder (packed rows, one packed batch per query) vs torch (padded).
+
+  Real tokens per second everywhere (padding is not counted as work done). Torch sees the same
+  sequences cut in creation order into batches of `torch_batch_size` padded to their longest,
+  and, separately, the same packed [R, L] rows as Flax (same computed tokens; torch cannot keep
+  packed segments apart, so that variant is a cost reference only).
+  """
+  import torch  # pylint: disable=g-import-not-at-top
+  bf16 = dtype == jnp.bfloat16
+  row_len = row_len_for(size)
+  pcfg = PackingConfig(row_len=row_len,
+                       **({"row_buckets": tuple(row_buckets)} if row_buckets else {}))
+  packed = [pack_queries([q], tokenizer, pcfg)[0] for q in queries]
+  seqs = [s for b in packed for s in packed_sequences(b)]
+  lens = [len(s) for s in seqs]
+  real = int(sum(lens))
+  computed = int(sum(b.input_ids.size for b in packed))
+  cfg = encoder_config(size, len(tokenizer), dtype)
+  # Flax keeps fp32 params and computes in cfg.dtype; torch is cast to bf16 when bf16.
+  model, params = torch_peer(cfg, device=torch_device, bf16=bf16)
+  out: Dict[str, Any] = {"size": size, "dtype": str(jnp.dtype(dtype)), "row_len": row_len,
+                         "row_buckets": list(pcfg.row_buckets),
+                         "queries": len(queries), "sequences": len(seqs), "real_tokens": real,
+                         "flax_computed_tokens": computed,
+                         "flax_padding_efficiency": real / computed,
+                         "torch_batch_size": torch_batch_size,
+                         "torch_attn_implementation": model.config._attn_implementation}
+  flops = encoder_flops(cfg, lens)
+  out["useful_gflop"] = flops / 1e9
+  dev_batches = [{k: jax.device_put(getattr(b, k)) for k in
+                  ("input_ids", "attention_mask", "segment_ids", "position_ids")} for b in packed]
+  for impl in impls:
+    enc = mb.ModernBertEncoder(cfg.replace(attention_impl=impl))
+    fwd = jax.jit(lambda p, b, enc=enc: enc.apply({"params": p}, b["input_ids"],
+                                                  b["attention_mask"], b["segment_ids"],
+                                                  b["position_ids"]))
+    t0 = time.perf_counter()
+    for b in dev_batches:  # compile every row bucket once
+      _block(fwd(params, b))
+    warm = time.perf_counter() - t0
+    sec = timed(lambda: [fwd(params, b) for b in dev_batches], reps=reps, warmup=0)
+    key = "flax" if impl == "xla" else f"flax_{impl}"
+    out[f"{key}_s"] = sec
+    out[f"{key}_tok_s"] = real / sec
+    out[f"{key}_warmup_s"] = warm
+    log(f"encoder {size} {key}: {real / sec:,.0f} tok/s ({sec:.3f} s)")
+  if not run_torch:
+    return out
+  tdev = torch.device(torch_device)
+  pad_id = cfg.pad_token_id or 0
+  batches = [(torch.as_tensor(i, device=tdev), torch.as_tensor(m, device=tdev))
+             for i, m in padded_batches(seqs, torch_batch_size, pad_id)]
+  out["torch_computed_tokens"] = int(sum(i.numel() for i, _ in batches))
+  packed_rows = [(torch.as_tensor(b.input_ids.astype(np.int64), device=tdev),
+                  torch.as_tensor((b.segment_ids > 0).astype(np.int64), device=tdev))
+                 for b in packed]
+
+  def run_torch_batches(bs):
+    with torch.inference_mode():
+      return [model(input_ids=i, attention_mask=m).last_hidden_state for i, m in bs]
+
+  sec = timed(lambda: run_torch_batches(batches), reps=reps, warmup=1)
+  out["torch_s"] = sec
+  out["torch_tok_s"] = real / sec
+  log(f"encoder {size} torch padded (bs {torch_batch_size}): {real / sec:,.0f} tok/s ({sec:.3f} s)")
+  sec = timed(lambda: run_torch_batches(packed_rows), reps=reps, warmup=1)
+  out["torch_packed_rows_s"] = sec
+  out["torch_packed_rows_tok_s"] = real / sec
+  log(f"encoder {size} torch on packed rows: {real / sec:,.0f} tok/s ({sec:.3f} s)")
+  for impl in impls:
+    key = "flax" if impl == "xla" else f"flax_{impl}"
+    out[f"{key}_ratio_vs_torch"] = out[f"{key}_tok_s"] / out["torch_tok_s"]
+    out[f"{key}_ratio_vs_torch_packed_rows"] = out[f"{key}_tok_s"] / out["torch_packed_rows_tok_s"]
+  out["ratio_vs_torch"] = max(out[f"{'flax' if i == 'xla' else 'flax_' + i}_tok_s"]
+                              for i in impls) / out["torch_tok_s"]
+  # Same weights, same ids: the first padded batch through both frameworks (checks the peer).
+  ids, mask = batches[0]
+  with torch.inference_mode():
+    ref = model(input_ids=ids, attention_mask=mask).last_hidden_state.float().cpu().numpy()
+  got = np.asarray(mb.ModernBertEncoder(cfg).apply(
+      {"params": params}, jnp.asarray(ids.cpu().numpy(), jnp.int32),
+      jnp.asarray(mask.cpu().numpy(), jnp.int32)), np.float32)
+  valid = mask.cpu().numpy().astype(bool)
+  out["max_abs_err_vs_torch"] = float(np.max(np.abs(ref - got)[valid]))
+  pk = peak_tflops()
+  if pk:
+    for key in [k[:-len("_tok_s")] for k in list(out) if k.endswith("_tok_s")]:
+      out[f"{key}_mfu"] = flops / out[f"{key}_s"] / (pk * 1e12)
+    out["peak_tflops_assumed"] = pk
+  if torch.cuda.is_available() and torch_device.startswith("cuda"):
+    out["torch_peak_memory_gb"] = torch.cuda.max_memory_allocated() / 1e9
+  mem = device_peak_memory_gb()
+  if mem is not None:
+    out["jax_peak_memory_gb"] = mem
+  return out
+
+
+def _local_nodes(cfg: lr.LoGConfig, params_local, b):
+  """Local scorer on a device batch -> per-node features (flat [Q*N, ...])."""
+  q, n = b["node_mask"].shape
+  span_out = LocalScorer(cfg.local_scorer_config).apply(
+      {"params": params_local}, *[b[k] for k in lr.TOKEN_KEYS], b["span_kind"], b["span_query"],
+      deterministic=True)
+  nodes = spans_to_nodes(span_out, b["span_node"], q * n)
+  return {k: nodes[k] for k in ("h", "role_probs", "local_score")}
+
+
+def _graph(cfg: lr.LoGConfig, nodes, node_passage, node_mask):
+  q, n = node_mask.shape
+  return build_sentence_graph(nodes["h"].reshape(q, n, -1), nodes["role_probs"].reshape(q, n, 3),
+                              nodes["local_score"].reshape(q, n), node_passage, node_mask,
+                              cfg.graph_build_config)
+
+
+def _gat(cfg: lr.LoGConfig, params_global, nodes, graph):
+  return GraphReranker(cfg.graph_reranker_config).apply(
+      {"params": params_global}, nodes["h"], nodes["role_probs"], nodes["local_score"], graph,
+      deterministic=True)
+
+
+def pipeline_suite(pools: Sequence[dict], tokenizer, size: str, num_passages: Optional[int] = None,
+                   dtype=jnp.float32, fused: bool = True, engine: bool = True,
+                   row_buckets: Optional[Sequence[int]] = None,
+                   log: Callable[[str], None] = print) -> Dict[str, Any]:
+  """Per-query latency of full LoG (staged, fused, engine) vs the passage cross-encoder.
+
+  LoG per query = host (sentence splitting, tokenising, packing) + local scorer + graph build +
+  GAT, each a separate jit timed with `block_until_ready`; `fused` also times one `log_forward`
+  jit (what a batch engine runs). The cross-encoder packs `[CLS] q [SEP] passage [SEP]` with
+  the same packer and encoder size and scores every segment. Every query shape is compiled in a
+  warm-up pass first; latencies are from a second pass.
+  """
+  cfg = log_config(size, len(tokenizer), dtype)
+  pcfg = PackingConfig(row_len=row_len_for(size),
+                       **({"row_buckets": tuple(row_buckets)} if row_buckets else {}))
+  ex, _ = pack_queries([pool_query(pools[0], num_passages)], tokenizer, pcfg)
+  params = jax.jit(lambda k: lr.init_params(cfg, ex, k))(jax.random.PRNGKey(0))
+  ce_cfg = cfg.local.encoder.replace(num_labels=1)
+  # The cross-encoder shares LoG's encoder weights; only its pooling head is fresh.
+  ce_head = mb.init_params(ce_cfg, jax.random.PRNGKey(1), classifier=True)
+  ce_params = {"model": params["local"]["encoder"],
+               **{k: v for k, v in ce_head.items() if k != "model"}}
+  local_fn = jax.jit(lambda p, b: _local_nodes(cfg, p, b))
+  graph_fn = jax.jit(lambda nodes, npass, nmask: _graph(cfg, nodes, npass, nmask))
+  gat_fn = jax.jit(lambda p, nodes, g: _gat(cfg, p, nodes, g))
+  fused_fn = jax.jit(lambda p, b: lr.log_forward(p, b, cfg)["final_score"])
+  ce_model = mb.ModernBertSequenceClassifier(ce_cfg)
+
+  @jax.jit
+  def ce_fn(p, b):
+    nseg = 128  # static upper bound on sequences per row (1024 / shortest sequence)
+    return ce_model.apply({"params": p}, b["input_ids"], b["attention_mask"], b["segment_ids"],
+                          b["position_ids"], num_segments=nseg)
+
+  def host_log(pool, rec=None):
+    _clear_split_cache()  # time the real split, not the lru cache of an earlier pass
+    t0 = time.perf_counter()
+    q = pool_query(pool, num_passages)
+    t1 = time.perf_counter()
+    b, info = pack_queries([q], tokenizer, pcfg)
+    db = lr.device_batch(b)
+    t2 = time.perf_counter()
+    if rec is not None:
+      rec.update(split_s=t1 - t0, pack_s=t2 - t1)
+    return db, info, t2 - t0
+
+  def host_ce(pool):
+    t0 = time.perf_counter()
+    b, info = pack_queries([passage_query(pool, num_passages)], tokenizer, pcfg)
+    db = {k: jnp.asarray(getattr(b, k)) for k in ("input_ids", "attention_mask", "segment_ids",
+                                                  "position_ids")}
+    return db, info, time.perf_counter() - t0
+
+  def one_query(pool):
+    rec = {}
+    db, info, rec["host_s"] = host_log(pool, rec)
+    t0 = time.perf_counter()
+    nodes = _block(local_fn(params["local"], db))
+    t1 = time.perf_counter()
+    graph = _block(graph_fn(nodes, db["node_passage"], db["node_mask"]))
+    t2 = time.perf_counter()
+    _block(gat_fn(params["global"], nodes, graph))
+    t3 = time.perf_counter()
+    rec.update(encoder_s=t1 - t0, graph_s=t2 - t1, gat_s=t3 - t2, real_tokens=info.real_tokens,
+               nodes=int(np.sum(np.asarray(db["node_mask"]))))
+    rec["log_staged_s"] = rec["host_s"] + t3 - t0
+    if fused:
+      db2, _, h2 = host_log(pool)
+      t0 = time.perf_counter()
+      _block(fused_fn(params, db2))
+      rec["log_fused_s"] = h2 + time.perf_counter() - t0
+    cb, cinfo, rec["ce_host_s"] = host_ce(pool)
+    t0 = time.perf_counter()
+    _block(ce_fn(ce_params, cb))
+    rec["ce_device_s"] = time.perf_counter() - t0
+    rec["ce_s"] = rec["ce_host_s"] + rec["ce_device_s"]
+    rec["ce_real_tokens"] = cinfo.real_tokens
+    if reranker is not None:
+      _clear_split_cache()
+      t0 = time.perf_counter()
+      engine_rerank(reranker, pool, num_passages)
+      rec["engine_s"] = time.perf_counter() - t0
+    return rec
+
+  reranker = None
+  if engine:
+    reranker = make_reranker(params, cfg, tokenizer, pcfg)
+  with CompileCounter() as cc:
+    t0 = time.perf_counter()
+    for pool in pools:
+      one_query(pool)
+    warm = time.perf_counter() - t0
+  recs = [one_query(pool) for pool in pools]
+  out: Dict[str, Any] = {"size": size, "dtype": str(jnp.dtype(dtype)), "queries": len(pools),
+                         "passages_per_query": float(np.mean(
+                             [len(p["ctxs"][:num_passages]) for p in pools])),
+                         "nodes_per_query": float(np.mean([r["nodes"] for r in recs])),
+                         "log_tokens_per_query": float(np.mean([r["real_tokens"] for r in recs])),
+                         "ce_tokens_per_query": float(np.mean([r["ce_real_tokens"] for r in recs])),
+                         "warmup_s": warm, "warmup_compilations": cc.count,
+                         "engine_used": ("logrerank_jax.inference.Reranker (key 'engine')"
+                                         if reranker else "staged jits + log_forward only")}
+  for key in ("split_s", "pack_s", "host_s", "encoder_s", "graph_s", "gat_s", "log_staged_s",
+              "log_fused_s", "ce_host_s", "ce_device_s", "ce_s", "engine_s"):
+    if key in recs[0]:
+      out[key[:-2]] = percentiles([r[key] for r in recs])
+  log_key = "log_fused" if fused else "log_staged"
+  out["log_vs_ce_p50"] = out[log_key]["p50"] / out["ce"]["p50"]
+  out["log_vs_ce_mean"] = out[log_key]["mean"] / out["ce"]["mean"]
+  # Without sentence splitting (pre-split corpora, or splits cached across queries).
+  out["log_presplit_vs_ce_mean"] = (out[log_key]["mean"] - out["split"]["mean"]) / out["ce"]["mean"]
+  out["log_device_vs_ce_device_mean"] = (sum(out[k]["mean"] for k in ("encoder", "graph", "gat"))
+                                         / out["ce_device"]["mean"])
+  if reranker is not None:
+    out["engine_vs_ce_p50"] = out["engine"]["p50"] / out["ce"]["p50"]
+  total = sum(out[k]["mean"] for k in ("host", "encoder", "graph", "gat"))
+  out["time_split"] = {k: out[k]["mean"] / total for k in ("host", "encoder", "graph", "gat")}
+  out["log_tok_s"] = out["log_tokens_per_query"] / out[log_key]["mean"]
+  mem = device_peak_memory_gb()
+  if mem is not None:
+    out["jax_peak_memory_gb"] = mem
+  if size == "base":
+    out["paper_latency_s_per_query"] = PAPER_TABLE10["latency_s_per_query"]
+    out["paper_peak_memory_gb"] = PAPER_TABLE10["peak_memory_gb"]
+  log(f"pipeline {size}: LoG p50 {out[log_key]['p50'] * 1e3:.1f} ms, CE p50 "
+      f"{out['ce']['p50'] * 1e3:.1f} ms, ratio {out['log_vs_ce_p50']:.2f}")
+  return out
+
+
+def _clear_split_cache():
+  """Forget cached sentence splits, so the host-side split is timed for real."""
+  sentences._split_cached.cache_clear()  # pylint: disable=protected-access
+
+
+def _truncate(pool: dict, k: Optional[int]) -> dict:
+  """The pool with only its first k passages."""
+  return dict(pool, ctxs=pool["ctxs"][:k])
+
+
+def make_reranker(params, cfg: lr.LoGConfig, tokenizer, pcfg: PackingConfig):
+  """The project's inference engine (`logrerank_jax.inference.Reranker`, one query per call)."""
+  from logrerank_jax.inference import Reranker  # pylint: disable=g-import-not-at-top
+  return Reranker(params, cfg, tokenizer, packing=pcfg, queries_per_batch=1)
+
+
+def engine_rerank(reranker, pool: dict, k: Optional[int]) -> dict:
+  """Rerank one pool (first k passages) with the engine; its `error` output is raised, not kept."""
+  res = reranker.rerank_records([_truncate(pool, k)])[0]
+  if res.get("error"):
+    raise LogRerankError(f"inference engine failed on query {pool.get('id')}: {res['error']}")
+  return res
+
+
+def packing_suite(pools: Sequence[dict], tokenizer, row_len: int = 1024,
+                  num_passages: Optional[int] = None,
+                  row_buckets: Optional[Sequence[int]] = None,
+                  queries_per_batch: int = 1) -> Dict[str, Any]:
+  """Padding efficiency (real / computed tokens) of our packing vs pad-to-longest and pad-to-1024.
+
+  Queries are packed `queries_per_batch` at a time (1: one query per call, the latency case);
+  pad-to-longest pads every (query, passage) sequence of a batch to that batch's longest one.
+  """
+  grow = {"query_buckets": (queries_per_batch,),
+          "row_buckets": (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)}
+  cfgs = {"packed": PackingConfig(row_len=row_len, **grow)}
+  if row_buckets:
+    cfgs["packed_fine_buckets"] = PackingConfig(
+        row_len=row_len, **dict(grow, row_buckets=tuple(sorted(set(row_buckets) | {512}))))
+  groups = [pools[i:i + queries_per_batch] for i in range(0, len(pools), queries_per_batch)]
+  out: Dict[str, Any] = {"queries": len(pools), "row_len": row_len,
+                         "queries_per_batch": queries_per_batch,
+                         "row_buckets": list(cfgs["packed"].row_buckets)}
+  tot = {"real": 0, "longest": 0, "fixed": 0}
+  for name, pcfg in cfgs.items():
+    computed = used = 0
+    per_query = []
+    for group in groups:
+      b, info = pack_queries([pool_query(p, num_passages) for p in group], tokenizer, pcfg)
+      computed += info.computed_tokens
+      used += info.num_rows_used * row_len
+      per_query.append(info.padding_efficiency)
+      if name == "packed":
+        lens = [len(s) for s in packed_sequences(b)]
+        tot["real"] += info.real_tokens
+        tot["longest"] += len(lens) * max(lens)
+        tot["fixed"] += len(lens) * row_len
+    out[f"{name}_efficiency"] = tot["real"] / computed
+    out[f"{name}_rows_used_efficiency"] = tot["real"] / used
+    out[f"{name}_min_batch_efficiency"] = float(min(per_query))
+  out["real_tokens"] = tot["real"]
+  out["pad_to_longest_efficiency"] = tot["real"] / tot["longest"]
+  out[f"pad_to_{row_len}_efficiency"] = tot["real"] / tot["fixed"]
+  return out
+
+
+def recompile_suite(pools: Sequence[dict], tokenizer, size: str, num_queries: int = 100,
+                    seed: int = 0, engine: bool = True,
+                    log: Callable[[str], None] = print) -> Dict[str, Any]:
+  """Compilations during warm-up and during a run of `num_queries` queries of varied sizes.
+
+  Queries are the pools truncated to a random number of passages (1..pool size, fixed seed),
+  run through the inference engine (`Reranker`, one query per call) when `engine`, else through
+  `jit(log_forward)`. Warm-up runs one query per distinct bucket shape (R, S, N) that any
+  truncation of the pools produces: shapes come from the packer's buckets, so a host-side pass
+  lists them without touching the device. The run then counts every XLA compilation.
+  """
+  cfg = log_config(size, len(tokenizer))
+  pcfg = PackingConfig(row_len=row_len_for(size))
+  fwd = jax.jit(lambda p, b: lr.log_forward(p, b, cfg)["final_score"])
+  ex, _ = pack_queries([pool_query(pools[0])], tokenizer, pcfg)
+  params = jax.jit(lambda k: lr.init_params(cfg, ex, k))(jax.random.PRNGKey(0))
+  reranker = make_reranker(params, cfg, tokenizer, pcfg) if engine else None
+
+  def run(pool, k):
+    if reranker is not None:  # the whole engine: parse, split, pack, forward, context, format
+      return engine_rerank(reranker, pool, k)
+    b, _ = pack_queries([pool_query(pool, k)], tokenizer, pcfg)
+    return np.asarray(fwd(params, lr.device_batch(b)))
+
+  def shape_of(pool, k):
+    b, _ = pack_queries([pool_query(pool, k)], tokenizer, pcfg)
+    return (b.input_ids.shape[0], b.span_kind.shape[0], b.N)
+
+  # Host-side pass: every bucket shape that any truncation of the pools can produce.
+  warm_set = {}
+  for pool in pools:
+    for k in range(len(pool["ctxs"]), 0, -1):
+      warm_set.setdefault(shape_of(pool, k), (pool, k))
+  rng = np.random.RandomState(seed)
+  plan = []
+  for i in range(num_queries):
+    pool = pools[i % len(pools)]
+    plan.append((pool, int(rng.randint(1, len(pool["ctxs"]) + 1))))
+  with CompileCounter() as warm:
+    t0 = time.perf_counter()
+    for pool, k in warm_set.values():
+      run(pool, k)
+    warm_s = time.perf_counter() - t0
+  with CompileCounter() as after:
+    t0 = time.perf_counter()
+    for pool, k in plan:
+      run(pool, k)
+    run_s = time.perf_counter() - t0
+  run_shapes = {shape_of(p, k) for p, k in plan}
+  out = {"size": size, "warmup_shapes": len(warm_set), "warmup_compilations": warm.count,
+         "warmup_compile_s": warm.seconds, "warmup_s": warm_s, "run_queries": num_queries,
+         "run_distinct_shapes": len(run_shapes),
+         "run_shapes_not_warmed": len(run_shapes - set(warm_set)),
+         "run_compilations": after.count, "run_s": run_s,
+         "engine_used": "logrerank_jax.inference.Reranker" if reranker else "jit(log_forward)"}
+  if reranker is not None:
+    out["engine_compile_stats"] = reranker.compile_stats()
+  log(f"recompile {size}: warm-up {warm.count} compilations over {len(warm_set)} shapes, "
+      f"{after.count} during {num_queries} queries")
+  return out
+
+
+def cache_suite(train_file: str, tokenizer, size: str, group_size: int = 2, reps: int = 2,
+                limit: Optional[int] = None, log: Callable[[str], None] = print) -> Dict[str, Any]:
+  """Global-stage epoch time (loss + grads of the global params) with cached vs recomputed features.
+
+  Both paths use the trainer's own functions (`compute_features`, `feature_batch`,
+  `global_loss_fn`); each batch is padded to one shape so that neither path recompiles.
+  """
+  from logrerank_jax.training import data as data_lib  # pylint: disable=g-import-not-at-top
+  from logrerank_jax.training import trainer  # pylint: disable=g-import-not-at-top
+
+  records = validate_training_file(train_file)[0][:limit]
+  units = data_lib.query_units(records)
+  cfg = log_config(size, len(tokenizer))
+  pcfg = PackingConfig(row_len=row_len_for(size))
+  groups = [units[i:i + group_size] for i in range(0, len(units), group_size)]
+  packed = [data_lib.pack_units(g, tokenizer, pcfg, cfg) for g in groups]
+  shape = data_lib.max_shape([data_lib.batch_shape(b) for b in packed])
+  packed = [{k: v for k, v in data_lib.pad_batch(b, shape).items() if k != "real_tokens"}
+            for b in packed]
+  params = jax.jit(lambda k: lr.init_params(cfg, packed[0], k))(jax.random.PRNGKey(0))
+  tx = optax.adamw(3e-5, weight_decay=0.01)
+
+  def make_step(loss_fn):
+    @jax.jit
+    def step(gparams, opt, batch, rng):
+      def scalar(gp):
+        total, count = loss_fn({"global": gp}, batch, rng)["pairwise"]
+        return total / jnp.maximum(count, 1.0)
+      loss, grads = jax.value_and_grad(scalar)(gparams)
+      upd, opt = tx.update(grads, opt, gparams)
+      return optax.apply_updates(gparams, upd), opt, loss
+    return step
+
+  t0 = time.perf_counter()
+  feats = trainer.compute_features(cfg, params["local"], units, tokenizer, pcfg, group_size)
+  feature_s = time.perf_counter() - t0
+  q, n = shape[3], shape[4]
+  fbatches = [trainer.feature_batch(feats[i:i + group_size], q, n)
+              for i in range(0, len(units), group_size)]
+  cached_step = make_step(trainer.global_loss_fn(cfg)[0])
+  recomputed_step = make_step(trainer.global_loss_fn(cfg, params["local"])[0])
+  rng = jax.random.PRNGKey(1)
+
+  def epoch(step, batches):
+    gp, opt = params["global"], tx.init(params["global"])
+    for b in batches:
+      gp, opt, loss = step(gp, opt, b, rng)
+    return loss
+
+  fdev = [jax.device_put(b) for b in fbatches]
+  tdev = [jax.device_put(b) for b in packed]
+  cached = timed(lambda: epoch(cached_step, fdev), reps=reps, warmup=1)
+  recomputed = timed(lambda: epoch(recomputed_step, tdev), reps=reps, warmup=1)
+  out = {"size": size, "queries": len(units), "batches": len(groups),
+         "cached_epoch_s": cached, "recomputed_epoch_s": recomputed,
+         "speedup": recomputed / cached, "feature_compute_once_s": feature_s}
+  log(f"cache {size}: cached epoch {cached * 1e3:.1f} ms, recomputed {recomputed * 1e3:.1f} ms, "
+      f"x{recomputed / cached:.1f}")
+  return out
+
+
+def params_suite() -> Dict[str, Any]:
+  """Parameter counts of the paper-size model vs the paper's Table 10."""
+  counts = lr.count_params(lr.LoGConfig.paper())
+  out = {"ours": counts, "paper": {k: PAPER_TABLE10[k] for k in
+                                   ("local_params", "global_params", "total_params")}}
+  for ours, paper in (("local", "local_params"), ("global", "global_params"),
+                      ("total", "total_params")):
+    out[f"{ours}_rel_diff"] = counts[ours] / PAPER_TABLE10[paper] - 1.0
+  return out
+
+
+def write_json(path: str, results: Dict[str, Any]) -> None:
+  """Write `results` as indented JSON (atomic replace)."""
+  tmp = path + ".tmp"
+  with open(tmp, "w", encoding="utf-8") as f:
+    json.dump(results, f, indent=2, sort_keys=True, default=str)
+  os.replace(tmp, path)

@@ -1,0 +1,153 @@
+"""Smoke tests of the benchmark suites at the tiniest sizes: each runs and reports its figures.
+
+Speed is not asserted (shared CI CPUs); what is asserted is what must hold at any speed: the
+torch peer really has the Flax encoder's weights (float32 max abs error <= 1e-5 on the same ids),
+efficiencies are ratios in (0, 1] that order as the padding schemes imply, no recompilation after
+the warm-up, and the JSON holds every documented key.
+"""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from logrerank_jax import benchmarking as bm
+from logrerank_jax.data.packing import PackingConfig, pack_queries
+from logrerank_jax.errors import ConfigError, DataError
+from logrerank_jax.models import log_reranker as lr
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+DATA = pathlib.Path(__file__).parent / "data"
+FILES = [str(DATA / "scifact_slice.jsonl"), str(DATA / "pubmed_slice.jsonl")]
+ATOL_PARITY = 1e-5  # float32, outputs O(1) after the final LayerNorm
+
+
+@pytest.fixture(scope="module")
+def pools():
+  """Two real queries (one SciFact, one PubMed) with 4-passage BM25 pools."""
+  return bm.load_pools(FILES, pool_size=4, limit=1)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(pools):
+  return bm.benchmark_tokenizer(pools, vocab_size=512)
+
+
+def _finite_positive(d, keys):
+  for k in keys:
+    assert np.isfinite(d[k]) and d[k] > 0, (k, d[k])
+
+
+def test_packed_sequences_round_trip(pools, tokenizer):
+  """The sequences recovered from packed rows are exactly the packer's, in creation order."""
+  q = bm.pool_query(pools[0])
+  batch, info = pack_queries([q], tokenizer, PackingConfig(row_len=128))
+  seqs = bm.packed_sequences(batch)
+  assert len(seqs) == info.num_sequences
+  assert sum(len(s) for s in seqs) == info.real_tokens
+  cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
+  assert all(s[0] == cls_id and s[-1] == sep_id for s in seqs)
+  ids, mask = bm.padded_batches(seqs, 3, tokenizer.pad_token_id)[0]
+  assert ids.shape == (3, max(len(s) for s in seqs[:3]))
+  np.testing.assert_array_equal(mask.sum(1), [len(s) for s in seqs[:3]])
+
+
+@pytest.mark.parametrize("lens", [[10], [3, 200]], ids=["one_short", "short_and_windowed"])
+def test_encoder_flops_known_answer(lens):
+  """Weights term + attention term, checked against a direct count."""
+  cfg = bm.encoder_config("tiny", 512)
+  d, f, half = cfg.hidden_size, cfg.intermediate_size, cfg.local_attention // 2
+  want = 2.0 * (4 * d * d + 3 * d * f) * cfg.num_hidden_layers * sum(lens)
+  for kind in cfg.layer_types:
+    for n in lens:
+      pairs = sum(1 for i in range(n) for j in range(n)
+                  if kind == "full_attention" or abs(i - j) <= half)
+      want += 4.0 * d * pairs
+  assert bm.encoder_flops(cfg, lens) == pytest.approx(want, rel=1e-12)
+
+
+def test_encoder_suite_tiny(pools, tokenizer):
+  qs = [bm.pool_query(pools[0])]  # one query: one row bucket, so two compilations only
+  out = bm.encoder_suite(qs, tokenizer, "tiny", reps=1, torch_batch_size=4, log=lambda _: None)
+  _finite_positive(out, ["flax_tok_s", "flax_blocked_tok_s", "torch_tok_s",
+                         "torch_packed_rows_tok_s", "ratio_vs_torch", "flax_ratio_vs_torch"])
+  assert out["max_abs_err_vs_torch"] <= ATOL_PARITY
+  assert 0 < out["flax_padding_efficiency"] <= 1
+  assert out["real_tokens"] == sum(len(s) for q in qs for s in bm.packed_sequences(
+      pack_queries([q], tokenizer, PackingConfig(row_len=128))[0]))
+  assert out["torch_attn_implementation"]
+
+
+def test_pipeline_suite_tiny(pools, tokenizer):
+  pools = pools[:1]  # one shape to compile per jit
+  # fused=False: the engine already runs the one-jit forward; skipping it saves a compilation.
+  out = bm.pipeline_suite(pools, tokenizer, "tiny", fused=False, log=lambda _: None)
+  assert "log_fused" not in out
+  for k in ("split", "pack", "host", "encoder", "graph", "gat", "log_staged", "ce", "engine"):
+    assert out[k]["n"] == len(pools) and 0 < out[k]["p50"] <= out[k]["p95"], k
+  assert out["log_vs_ce_p50"] > 0 and out["engine_vs_ce_p50"] > 0
+  assert sum(out["time_split"].values()) == pytest.approx(1.0)
+  assert out["nodes_per_query"] > len(pools[0]["ctxs"]) - 1
+
+
+def test_packing_suite_orders_schemes(pools, tokenizer):
+  out = bm.packing_suite(pools, tokenizer, row_len=128, row_buckets=tuple(range(1, 129)))
+  for k in ("packed_efficiency", "packed_rows_used_efficiency", "packed_fine_buckets_efficiency",
+            "pad_to_longest_efficiency", "pad_to_128_efficiency"):
+    assert 0 < out[k] <= 1, k
+  # Exact buckets only drop bucket padding; fixed-length padding can never beat pad-to-longest.
+  assert out["packed_fine_buckets_efficiency"] == pytest.approx(out["packed_rows_used_efficiency"])
+  assert out["packed_efficiency"] <= out["packed_fine_buckets_efficiency"]
+  assert out["pad_to_128_efficiency"] <= out["pad_to_longest_efficiency"]
+
+
+def test_recompile_suite_no_recompilation_after_warmup(pools, tokenizer):
+  out = bm.recompile_suite(pools[:1], tokenizer, "tiny", num_queries=6, log=lambda _: None)
+  assert out["warmup_compilations"] >= out["warmup_shapes"] >= 1
+  assert out["run_shapes_not_warmed"] == 0
+  assert out["run_compilations"] == 0
+
+
+def test_cache_suite_tiny(tokenizer):
+  out = bm.cache_suite(str(REPO / "logrerank_jax" / "demo_data" / "train.jsonl"), tokenizer,
+                       "tiny", group_size=2, reps=1, limit=2, log=lambda _: None)
+  assert out["queries"] == 2 and out["batches"] == 1
+  _finite_positive(out, ["cached_epoch_s", "recomputed_epoch_s", "speedup"])
+
+
+def test_params_suite_matches_count_params():
+  out = bm.params_suite()
+  assert out["ours"] == lr.count_params(lr.LoGConfig.paper())
+  assert out["total_rel_diff"] == pytest.approx(out["ours"]["total"] / 152.52e6 - 1.0)
+
+
+@pytest.mark.parametrize("bad, err", [
+    (dict(size="huge"), ConfigError), (dict(paths=["/nonexistent.jsonl"]), DataError)],
+    ids=["unknown_size", "missing_file"])
+def test_bad_input_raises(bad, err):
+  with pytest.raises(err):
+    if "size" in bad:
+      bm.encoder_config(bad["size"], 512)
+    else:
+      bm.load_pools(bad["paths"])
+
+
+def test_cli_writes_json(tmp_path):
+  """The CLI runs in its own process (it pins threads) and writes machine + suite figures."""
+  path = tmp_path / "bench.json"
+  proc = subprocess.run(
+      [sys.executable, str(REPO / "tools" / "benchmark.py"), "--suite", "params,packing",
+       "--size", "tiny", "--passages", "4", "--threads", "1", "--json", str(path)],
+      capture_output=True, text=True, timeout=120, cwd=REPO,
+      env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  out = json.loads(path.read_text())
+  assert out["machine"]["threads"] == 1 and out["machine"]["torch_threads"] == 1
+  assert {"jax", "torch", "transformers", "cpu_affinity"} <= set(out["machine"])
+  assert out["machine"]["cpu_affinity"] == 1
+  assert 0 < out["packing"]["packed_efficiency"] <= 1
+  assert out["params"]["ours"]["total"] > 1e8

@@ -1,0 +1,153 @@
+"""Benchmark LoG-Reranker in JAX against its PyTorch peer; print the figures and write JSON.
+
+  python tools/benchmark.py --suite encoder --size small --threads 2 --json bench.json
+  python tools/benchmark.py --suite all --size small --json bench.json
+  python tools/benchmark.py --suite encoder,pipeline --size base --dtype bfloat16 \
+      --data ../shared/data/scholarqabench --passages 50 --json gpu.json      # on a GPU
+
+Suites: encoder, pipeline, packing, recompile, cache, params (see logrerank_jax/benchmarking.py).
+Thread counts are fixed before JAX and torch start: the process CPU affinity (which bounds XLA's
+CPU thread pool) and torch.set_num_threads both get --threads; both are recorded in the JSON.
+"""
+
+import argparse
+import os
+import pathlib
+import sys
+import time
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+SUITES = ("params", "packing", "encoder", "pipeline", "cache", "recompile")
+
+
+def parse_args(argv=None):
+  """Parse the command line."""
+  p = argparse.ArgumentParser(description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--suite", default="all", help=f"comma list of {SUITES} or 'all'")
+  p.add_argument("--size", default="small", choices=("tiny", "small", "base"))
+  p.add_argument("--threads", type=int, default=0,
+                 help="CPU threads for XLA and torch (0: all allowed)")
+  p.add_argument("--data", default="",
+                 help="folder with ScholarQABench scifact_test.jsonl / pubmed_test.jsonl "
+                 "(default: the slices in tests/data)")
+  p.add_argument("--passages", type=int, default=50, help="passages per query (pool size)")
+  p.add_argument("--queries", type=int, default=0, help="queries per file (0: size default)")
+  p.add_argument("--reps", type=int, default=2, help="timed repetitions (median) after warm-up")
+  p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+  p.add_argument("--torch-batch-size", type=int, default=8)
+  p.add_argument("--recompile-queries", type=int, default=100)
+  p.add_argument("--no-fused", action="store_true", help="pipeline: skip the fused log_forward jit")
+  p.add_argument("--row-buckets", default="pow2", choices=("pow2", "fine"),
+                 help="encoder/pipeline row buckets: the packer's default powers of 2, or "
+                 "1..16 then multiples of 4 (fewer padding rows, more shapes to compile)")
+  p.add_argument("--impls", default="xla,blocked", help="encoder attention implementations")
+  p.add_argument("--time-budget", type=float, default=0.0,
+                 help="seconds; suites not started before this much time has passed are skipped")
+  p.add_argument("--no-engine", action="store_true",
+                 help="pipeline/recompile: do not use logrerank_jax.inference.Reranker")
+  p.add_argument("--json", default="", help="write all figures here")
+  return p.parse_args(argv)
+
+
+def set_threads(n: int) -> int:
+  """Bound XLA's and torch's CPU threads to n (call before importing jax/torch); return n."""
+  allowed = sorted(os.sched_getaffinity(0))
+  n = n or len(allowed)
+  if n > len(allowed):
+    raise SystemExit(f"--threads {n} but only {len(allowed)} CPUs are allowed to this process")
+  os.sched_setaffinity(0, allowed[:n])  # XLA sizes its CPU pool from the schedulable CPUs
+  for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[var] = str(n)
+  return n
+
+
+def main(argv=None):
+  """Run the chosen suites and write the JSON."""
+  args = parse_args(argv)
+  suites = SUITES if args.suite == "all" else tuple(s.strip() for s in args.suite.split(","))
+  unknown = [s for s in suites if s not in SUITES]
+  if unknown:
+    raise SystemExit(f"unknown suite(s) {unknown}; known: {SUITES}")
+  threads = set_threads(args.threads)
+  import torch  # pylint: disable=g-import-not-at-top
+  torch.set_num_threads(threads)
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  sys.path.insert(0, str(REPO))
+  from logrerank_jax import benchmarking as bm  # pylint: disable=g-import-not-at-top
+
+  start = time.perf_counter()
+  fine = tuple(range(1, 17)) + tuple(range(20, 129, 4))
+  row_buckets = fine if args.row_buckets == "fine" else None
+  dtype = jnp.bfloat16 if args.dtype == "bfloat16" else jnp.float32
+  on_gpu = jax.default_backend() == "gpu"
+  torch_device = "cuda" if on_gpu and torch.cuda.is_available() else "cpu"
+  if args.data:
+    files = [os.path.join(args.data, f) for f in ("scifact_test.jsonl", "pubmed_test.jsonl")
+             if os.path.exists(os.path.join(args.data, f))]
+  else:
+    files = [str(REPO / "tests" / "data" / f)
+             for f in ("scifact_slice.jsonl", "pubmed_slice.jsonl")]
+  default_q = {"tiny": 2, "small": 1, "base": 8 if on_gpu else 1}[args.size]
+  limit = args.queries or default_q
+  results = {"machine": bm.machine_info(threads), "args": vars(args), "data_files": files,
+             "torch_device": torch_device}
+  print(f"threads={threads} backend={jax.default_backend()} data={files}", flush=True)
+  tokenizer = None
+  pools = None
+
+  def get_pools():
+    nonlocal pools, tokenizer
+    if pools is None:
+      pools = bm.load_pools(files, pool_size=args.passages, limit=limit)
+      tokenizer = bm.benchmark_tokenizer(pools)
+    return pools
+
+  def save():
+    results["elapsed_s"] = time.perf_counter() - start
+    if args.json:
+      bm.write_json(args.json, results)
+
+  for suite in suites:
+    if args.time_budget and time.perf_counter() - start > args.time_budget:
+      results[suite] = {"skipped": f"time budget {args.time_budget:.0f} s spent"}
+      print(f"{suite}: skipped (time budget)", flush=True)
+      continue
+    t0 = time.perf_counter()
+    if suite == "params":
+      results[suite] = bm.params_suite()
+    elif suite == "packing":
+      results[suite] = bm.packing_suite(get_pools(), tokenizer, bm.row_len_for(args.size),
+                                        row_buckets=fine)
+      results[suite]["batched_4_queries"] = bm.packing_suite(
+          get_pools(), tokenizer, bm.row_len_for(args.size), row_buckets=fine, queries_per_batch=4)
+    elif suite == "encoder":
+      qs = [bm.pool_query(p) for p in get_pools()]
+      results[suite] = bm.encoder_suite(qs, tokenizer, args.size, reps=args.reps,
+                                        torch_batch_size=args.torch_batch_size, dtype=dtype,
+                                        torch_device=torch_device,
+                                        impls=tuple(args.impls.split(",")),
+                                        row_buckets=row_buckets)
+    elif suite == "pipeline":
+      results[suite] = bm.pipeline_suite(get_pools(), tokenizer, args.size, dtype=dtype,
+                                         fused=not args.no_fused, row_buckets=row_buckets,
+                                         engine=not args.no_engine)
+    elif suite == "recompile":
+      results[suite] = bm.recompile_suite(get_pools(), tokenizer, args.size,
+                                          num_queries=args.recompile_queries,
+                                          engine=not args.no_engine)
+    elif suite == "cache":
+      if tokenizer is None:
+        get_pools()
+      results[suite] = bm.cache_suite(str(REPO / "logrerank_jax" / "demo_data" / "train.jsonl"),
+                                      tokenizer, args.size)
+    results[suite]["suite_s"] = time.perf_counter() - t0
+    print(f"{suite}: {results[suite]}", flush=True)
+    save()  # after every suite, so a run cut short keeps what it measured
+  save()
+  return results
+
+
+if __name__ == "__main__":
+  main()
