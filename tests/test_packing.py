@@ -26,7 +26,8 @@ def tokenizer(scifact_records, pubmed_records):
   """A small WordPiece tokenizer trained on the real slices."""
   texts = [t for r in scifact_records + pubmed_records for t in _texts(r)]
   texts += [r["input"] for r in scifact_records + pubmed_records]
-  return train_wordpiece_tokenizer(texts, vocab_size=600)
+  # Large enough that common words are whole tokens (the vocabulary keeps every character first).
+  return train_wordpiece_tokenizer(texts, vocab_size=2000)
 
 
 @pytest.fixture(scope="module")
