@@ -24,7 +24,7 @@ empty relevant set (so it is skipped by the metrics, not lost).
 
 import math
 import os
-from typing import Mapping, Sequence
+from typing import Hashable, Mapping, Sequence
 
 from logrerank_jax.errors import DataError
 
@@ -38,6 +38,8 @@ def _check_run(run: Mapping[str, Sequence[str]]) -> None:
       raise DataError(f"run[{qid!r}] must be a list of doc ids, got {type(docs).__name__}")
     seen = set()
     for d in docs:
+      if not isinstance(d, Hashable):
+        raise DataError(f"run[{qid!r}] holds {d!r}, which is not a doc id")
       if d in seen:
         raise DataError(f"run[{qid!r}] lists doc id {d!r} twice")
       seen.add(d)
@@ -94,7 +96,10 @@ def rerank_metrics(run: Mapping[str, Sequence[str]], qrels: Mapping[str, set],
   for qid, rel in qrels.items():
     if isinstance(rel, (str, bytes)):
       raise DataError(f"qrels[{qid!r}] must be a set of doc ids, got a string")
-    rel = set(rel)
+    try:
+      rel = set(rel)
+    except TypeError:  # not iterable, or holds unhashable values
+      raise DataError(f"qrels[{qid!r}] must be a set of doc ids, got {rel!r:.80}") from None
     if not rel:
       continue
     n += 1
@@ -151,6 +156,23 @@ def write_trec_run(path: str, scores: Mapping[str, Mapping[str, float]], tag: st
     f.writelines(lines)
 
 
+def _text_lines(path: str):
+  """Yield (line number, text) of the non-blank lines of a UTF-8 file, as DataError on bad bytes."""
+  try:
+    f = open(path, "rb")
+  except OSError as e:
+    raise DataError(f"{path}: cannot read ({e.strerror or e})") from None
+  with f:
+    for lineno, raw in enumerate(f, start=1):
+      try:
+        line = raw.decode("utf-8")
+      except UnicodeDecodeError as e:
+        raise DataError(f"{path}:{lineno}: not UTF-8 (byte 0x{raw[e.start]:02x} at column "
+                        f"{e.start + 1})") from None
+      if line.strip():
+        yield lineno, line
+
+
 def read_trec_run(path: str) -> dict[str, dict[str, float]]:
   """Read a TREC run file into {qid: {docid: score}} (ranks are recomputed from scores).
 
@@ -158,22 +180,22 @@ def read_trec_run(path: str) -> dict[str, dict[str, float]]:
     DataError: a malformed line or a doc listed twice for one query, naming file and line.
   """
   out: dict[str, dict[str, float]] = {}
-  with open(path, encoding="utf-8") as f:
-    for lineno, line in enumerate(f, start=1):
-      if not line.strip():
-        continue
-      parts = line.split()
-      if len(parts) != 6:
-        raise DataError(f"{path}:{lineno}: expected 'qid Q0 docid rank score tag', got {line.strip()!r}")
-      qid, _, doc, _, score, _ = parts
-      try:
-        value = float(score)
-      except ValueError as e:
-        raise DataError(f"{path}:{lineno}: score {score!r} is not a number") from e
-      docs = out.setdefault(qid, {})
-      if doc in docs:
-        raise DataError(f"{path}:{lineno}: doc {doc!r} listed twice for query {qid!r}")
-      docs[doc] = value
+  for lineno, line in _text_lines(path):
+    parts = line.split()
+    if len(parts) != 6:
+      raise DataError(f"{path}:{lineno}: expected 'qid Q0 docid rank score tag', got {line.strip()!r}")
+    qid, _, doc, _, score, _ = parts
+    try:
+      value = float(score)
+    except ValueError as e:
+      raise DataError(f"{path}:{lineno}: score {score!r} is not a number") from e
+    if not math.isfinite(value):
+      # A NaN score has no place in a ranking (sorting by it is undefined).
+      raise DataError(f"{path}:{lineno}: score {score!r} is not finite")
+    docs = out.setdefault(qid, {})
+    if doc in docs:
+      raise DataError(f"{path}:{lineno}: doc {doc!r} listed twice for query {qid!r}")
+    docs[doc] = value
   return out
 
 
@@ -197,19 +219,18 @@ def read_qrels(path: str) -> dict[str, set]:
     DataError: a malformed line, naming file and line.
   """
   out: dict[str, set] = {}
-  with open(path, encoding="utf-8") as f:
-    for lineno, line in enumerate(f, start=1):
-      if not line.strip():
-        continue
-      parts = line.split()
-      if len(parts) != 4:
-        raise DataError(f"{path}:{lineno}: expected 'qid 0 docid rel', got {line.strip()!r}")
-      qid, _, doc, rel = parts
-      try:
-        rel_value = float(rel)
-      except ValueError as e:
-        raise DataError(f"{path}:{lineno}: relevance {rel!r} is not a number") from e
-      docs = out.setdefault(qid, set())
-      if rel_value > 0:
-        docs.add(doc)
+  for lineno, line in _text_lines(path):
+    parts = line.split()
+    if len(parts) != 4:
+      raise DataError(f"{path}:{lineno}: expected 'qid 0 docid rel', got {line.strip()!r}")
+    qid, _, doc, rel = parts
+    try:
+      rel_value = float(rel)
+    except ValueError as e:
+      raise DataError(f"{path}:{lineno}: relevance {rel!r} is not a number") from e
+    if not math.isfinite(rel_value):
+      raise DataError(f"{path}:{lineno}: relevance {rel!r} is not finite")
+    docs = out.setdefault(qid, set())
+    if rel_value > 0:
+      docs.add(doc)
   return out

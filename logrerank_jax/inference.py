@@ -136,6 +136,30 @@ def default_packing_config(cfg: lr.LoGConfig, row_len: Optional[int] = None,
   return PackingConfig(row_len=row_len, max_query_tokens=int(max_query_tokens or 64))
 
 
+def _check_param_shapes(params, cfg: lr.LoGConfig, tokenizer) -> None:
+  """Raise CheckpointError listing every param whose shape differs from what `cfg` builds.
+
+  Without it, params saved under another config fail deep inside the first forward call.
+  """
+  from flax.traverse_util import flatten_dict  # pylint: disable=g-import-not-at-top
+  example, _ = lr.pack_for_config([QueryInput("q", [["a b", "c"]])], tokenizer,
+                                  PackingConfig(row_len=32, max_query_tokens=8), cfg)
+  # Shapes only (no compute); a local-stage export lacks "global", so compare shared subtrees.
+  want = jax.eval_shape(lambda k: lr.init_params(cfg, example, k), jax.random.PRNGKey(0))
+  shared = [top for top in want if top in params]
+  want = {"/".join(k): tuple(v.shape)
+          for k, v in flatten_dict({t: dict(want[t]) for t in shared}).items()}
+  got = {"/".join(k): tuple(np.shape(v))
+         for k, v in flatten_dict({t: dict(params[t]) for t in shared}).items()}
+  bad = [f"{k}: missing from checkpoint" for k in sorted(want.keys() - got.keys())]
+  bad += [f"{k}: not in the model" for k in sorted(got.keys() - want.keys())]
+  bad += [f"{k}: checkpoint {got[k]} vs model {want[k]}"
+          for k in sorted(want.keys() & got.keys()) if got[k] != want[k]]
+  if bad:
+    raise CheckpointError(f"params do not match the model config ({len(bad)} mismatches): "
+                          + "; ".join(bad[:20]) + (f"; ... {len(bad) - 20} more" if len(bad) > 20 else ""))
+
+
 def _forward(params, arrays, cfg):
   """The jitted body: local -> graph -> global, keeping only what the output needs."""
   out = lr.log_forward(params, arrays, cfg)
@@ -188,6 +212,7 @@ class Reranker:
       raise ConfigError(f"queries_per_batch must be a positive int, got {queries_per_batch!r}")
     if cfg.use_global and "global" not in params:
       raise CheckpointError("params have no 'global' tree but the config has use_global=True")
+    _check_param_shapes(params, cfg, tokenizer)
     self.cfg = cfg
     # True when `from_dir` loaded a local-stage model (no global params) as "w/o global".
     self.local_only = bool(_local_only)

@@ -33,6 +33,19 @@ from logrerank_jax.errors import CheckpointError, ConfigError, LogRerankError
 CROSS_ENCODER_FORMAT = "logrerank_jax.cross_encoder/1"
 
 
+def _recover_parked(output: str) -> None:
+  """Put back a previous output parked by a write killed between its two renames (kill -9)."""
+  parent, base = os.path.split(output)
+  if os.path.exists(output) or not os.path.isdir(parent):
+    return
+  for name in sorted(os.listdir(parent)):
+    parked = os.path.join(parent, name, "previous")
+    if name.startswith(f".{base}.old-") and os.path.isdir(parked):
+      os.replace(parked, output)
+      shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+      return
+
+
 def write_atomically(output: str, fill: Callable[[str], None], overwrite: bool = False) -> None:
   """Create folder `output` by letting `fill(tmp_dir)` write a temp folder, then renaming it.
 
@@ -45,9 +58,10 @@ def write_atomically(output: str, fill: Callable[[str], None], overwrite: bool =
     ConfigError: `output` exists and `overwrite` is False.
   """
   output = os.path.abspath(output)
+  parent = os.path.dirname(output)
+  _recover_parked(output)
   if os.path.exists(output) and not overwrite:
     raise ConfigError(f"output {output} exists; pass --overwrite to replace it")
-  parent = os.path.dirname(output)
   os.makedirs(parent, exist_ok=True)
   tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(output)}.tmp-", dir=parent)
   try:

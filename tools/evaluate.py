@@ -25,7 +25,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from logrerank_jax import baselines, inference  # pylint: disable=g-import-not-at-top
-from logrerank_jax.data.inference_input import parse_inference_record  # pylint: disable=g-import-not-at-top
+from logrerank_jax.data.inference_input import parse_inference_record, read_inference_file  # pylint: disable=g-import-not-at-top
 from logrerank_jax.errors import DataError, LogRerankError  # pylint: disable=g-import-not-at-top
 from logrerank_jax.evaluation import (query_metrics, read_qrels, rerank_metrics,  # pylint: disable=g-import-not-at-top
                                       run_from_scores, write_trec_run)
@@ -56,22 +56,22 @@ def parse_args(argv=None):
 def read_pools(path: str):
   """Read a pool file: list of (qid, query, ctxs, raw record), every ctx with a string id."""
   pools = []
-  with open(path, encoding="utf-8") as f:
-    for lineno, line in enumerate(f, start=1):
-      if not line.strip():
-        continue
-      where = f"{path}:{lineno}"
-      try:
-        rec = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise DataError(f"{where}: malformed JSON ({e.msg})") from e
-      parse_inference_record(rec, where)  # validates query and passages, names the problem
-      ctxs = rec.get("ctxs", rec.get("passages"))
-      qid = str(rec.get("id", len(pools)))
-      ids = [str(c.get("id", i)) for i, c in enumerate(ctxs)]
-      if len(set(ids)) != len(ids):
-        raise DataError(f"{where}: passage ids repeat within the pool")
-      pools.append((qid, rec.get("input", rec.get("question")), ctxs, ids, rec))
+  first_line_of: dict = {}
+  for line in read_inference_file(path):  # per-line UTF-8 / JSON / schema errors, named by line
+    if isinstance(line.record, DataError):
+      raise line.record
+    where = f"{path}:{line.line}"
+    rec = line.raw
+    ctxs = rec.get("ctxs", rec.get("passages"))
+    qid = str(rec.get("id", len(pools)))
+    if qid in first_line_of:
+      # A repeated query id would silently overwrite the first pool's scores.
+      raise DataError(f"{where}: query id {qid!r} repeats the id of line {first_line_of[qid]}")
+    first_line_of[qid] = line.line
+    ids = [str(c.get("id", i)) for i, c in enumerate(ctxs)]
+    if len(set(ids)) != len(ids):
+      raise DataError(f"{where}: passage ids repeat within the pool")
+    pools.append((qid, rec.get("input", rec.get("question")), ctxs, ids, rec))
   if not pools:
     raise DataError(f"{path}: no pool records")
   return pools

@@ -53,6 +53,17 @@ def parse_args(argv=None):
   return p.parse_args(argv)
 
 
+def check_output_writable(path: str) -> None:
+  """Create the output's folder and prove it writable (raises OSError naming the problem)."""
+  folder = os.path.dirname(os.path.abspath(path))
+  if os.path.isdir(path):
+    raise IsADirectoryError(f"--output {path} is a folder")
+  os.makedirs(folder, exist_ok=True)
+  fd, probe = tempfile.mkstemp(prefix=".tmp-probe-", dir=folder)
+  os.close(fd)
+  os.remove(probe)
+
+
 def write_jsonl_atomic(path: str, objs) -> None:
   """Write JSON lines to a temp file next to `path`, then rename it over `path`."""
   folder = os.path.dirname(os.path.abspath(path))
@@ -75,6 +86,7 @@ def main(argv=None) -> int:
   args = parse_args(argv)
   start = time.time()
   try:
+    check_output_writable(args.output)  # fail now, not after every record has been scored
     if not args.no_compilation_cache:
       inference.enable_compilation_cache(args.compilation_cache or inference.default_compilation_cache_dir())
     lines = read_inference_file(args.input)

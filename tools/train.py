@@ -1,9 +1,13 @@
 """Train one LoG-Reranker stage: `python tools/train.py --config configs/local_stage.py --workdir DIR`."""
 
+import importlib.util
+import os
+import sys
+
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from logrerank_jax.errors import LogRerankError
+from logrerank_jax.errors import ConfigError, LogRerankError
 from logrerank_jax.training.trainer import train_and_evaluate
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file (configs/*.py[:tiny]).",
@@ -12,12 +16,45 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Run folder: checkpoints, logs, 
 flags.mark_flags_as_required(["config", "workdir"])
 
 
+def _reference_keys() -> set:
+  """Return the keys every training config must have: those of configs/local_stage.py."""
+  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "local_stage.py")
+  spec = importlib.util.spec_from_file_location("_logrerank_reference_config", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return set(module.get_config().keys())
+
+
+def check_config_keys(config) -> None:
+  """Raise ConfigError naming every missing or unknown top-level key of a training config."""
+  keys, ref = set(config.keys()), _reference_keys()
+  missing, unknown = sorted(ref - keys), sorted(keys - ref)
+  if missing or unknown:
+    raise ConfigError("config keys do not match configs/local_stage.py:"
+                      + (f" missing {missing}" if missing else "")
+                      + (f" unknown {unknown}" if unknown else ""))
+
+
+def parse_flags(argv):
+  """Parse flags; a bad --config override (unknown key, wrong type) is one line, not a traceback."""
+  try:
+    return flags.FLAGS(argv)
+  except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as e:
+    # ml_collections reports an unknown override key as a bare AttributeError("'key'").
+    msg = str(e).strip().strip('"')
+    if isinstance(e, (AttributeError, KeyError)):
+      msg = f"unknown config key {msg} (see configs/local_stage.py for the keys)"
+    print(f"error: bad flags: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   # Orbax logs every save at INFO; keep the console to the progress bar and our own lines.
   logging.set_verbosity(logging.WARNING)
   try:
+    check_config_keys(_CONFIG.value)
     summary = train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   except LogRerankError as e:
     # One line naming what is wrong, never a bare traceback for bad input.
@@ -27,4 +64,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -147,6 +147,10 @@ def parse_inference_line(line: str, lineno: int, where: str) -> InputLine:
     raw = json.loads(line)
   except json.JSONDecodeError as e:
     return InputLine(lineno, None, DataError(f"{at}: malformed JSON ({e.msg} at column {e.colno})"))
+  except (ValueError, RecursionError) as e:
+    # An integer over Python's digit limit (ValueError) or nesting deeper than the stack.
+    reason = "nested too deeply" if isinstance(e, RecursionError) else str(e).split(";")[0]
+    return InputLine(lineno, None, DataError(f"{at}: malformed JSON ({reason})"))
   try:
     return InputLine(lineno, raw, parse_inference_record(raw, at))
   except DataError as e:
@@ -163,12 +167,21 @@ def read_inference_file(path: str) -> list[InputLine]:
     One `InputLine` per non-blank line, in file order; bad lines carry a `DataError`.
 
   Raises:
-    DataError: the file cannot be read or is not UTF-8.
+    DataError: the file cannot be read.
   """
   try:
-    with open(path, encoding="utf-8") as f:
-      lines = f.readlines()
-  except (OSError, UnicodeDecodeError) as e:
+    with open(path, "rb") as f:  # bytes: a non-UTF-8 line is that record's error, not the file's
+      lines = f.read().split(b"\n")
+  except OSError as e:
     raise DataError(f"cannot read inference input {path}: {e}") from e
-  return [parse_inference_line(line, n, path) for n, line in enumerate(lines, start=1)
-          if line.strip()]
+  out = []
+  for n, raw in enumerate(lines, start=1):
+    try:
+      line = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+      out.append(InputLine(n, None, DataError(
+          f"{path}:{n}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})")))
+      continue
+    if line.strip():
+      out.append(parse_inference_line(line, n, path))
+  return out

@@ -290,8 +290,10 @@ def _line_problems(raw: bytes) -> tuple[Any, list[tuple[str, str]]]:
     return None, [("non_utf8", f"not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})")]
   try:
     obj = json.loads(text)
-  except (json.JSONDecodeError, RecursionError) as e:
-    reason = e.msg if isinstance(e, json.JSONDecodeError) else "nested too deeply"
+  except (ValueError, RecursionError) as e:
+    # ValueError beyond JSONDecodeError: an integer over Python's digit limit.
+    reason = (e.msg if isinstance(e, json.JSONDecodeError) else "nested too deeply"
+              if isinstance(e, RecursionError) else str(e).split(";")[0])
     col = f" at column {e.colno}" if isinstance(e, json.JSONDecodeError) else ""
     return None, [("malformed_json", f"malformed JSON: {reason}{col}")]
   try:

@@ -57,15 +57,28 @@ def read_scholarqabench(path: str) -> list[dict]:
     DataError: unreadable JSON or a record without the expected fields (names file and line).
   """
   records = []
-  with open(path, encoding="utf-8") as f:
-    for lineno, line in enumerate(f, start=1):
+  try:
+    f = open(path, "rb")  # bytes: a non-UTF-8 line is reported by number, not as a decoder crash
+  except OSError as e:
+    raise DataError(f"{path}: cannot read ({e.strerror or e})") from None
+  with f:
+    for lineno, raw in enumerate(f, start=1):
+      where = f"{path}:{lineno}"
+      try:
+        line = raw.decode("utf-8")
+      except UnicodeDecodeError as e:
+        raise DataError(f"{where}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})"
+                        ) from None
       if not line.strip():
         continue
-      where = f"{path}:{lineno}"
       try:
         rec = json.loads(line)
       except json.JSONDecodeError as e:
         raise DataError(f"{where}: invalid JSON ({e.msg})") from e
+      except (ValueError, RecursionError) as e:
+        # An integer over Python's digit limit, or nesting deeper than the stack.
+        reason = "nested too deeply" if isinstance(e, RecursionError) else str(e).split(";")[0]
+        raise DataError(f"{where}: invalid JSON ({reason})") from None
       if not isinstance(rec, dict):
         raise DataError(f"{where}: expected a JSON object, got {type(rec).__name__}")
       query = rec.get("input")

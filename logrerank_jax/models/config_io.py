@@ -6,7 +6,7 @@ from typing import Any, Dict
 
 import numpy as np
 
-from logrerank_jax.errors import ConfigError
+from logrerank_jax.errors import ConfigError, LogRerankError
 from logrerank_jax.graph.build import GraphBuildConfig
 from logrerank_jax.models.graph_reranker import GraphRerankerConfig
 from logrerank_jax.models.local_scorer import LocalScorerConfig
@@ -40,21 +40,31 @@ def _build(cls, data: Dict[str, Any], where: str, nested: Dict[str, Any] = None)
     raise ConfigError(f"{where}: expected an object, got {type(data).__name__}")
   names = {f.name for f in dataclasses.fields(cls)}
   unknown = sorted(set(data) - names)
-  if unknown:
-    raise ConfigError(f"{where}: unknown keys {unknown}")
+  missing = sorted(names - set(data))
+  if unknown or missing:
+    # A missing key would silently take the dataclass default, which may not be what was trained.
+    raise ConfigError(f"{where}:" + (f" unknown keys {unknown}" if unknown else "")
+                      + (f" missing keys {missing}" if missing else ""))
   kwargs = {}
   for k, v in data.items():
     if nested and k in nested:
       kwargs[k] = nested[k]
     elif k == "dtype":
-      kwargs[k] = np.dtype(v)  # compares equal to jnp.float32 and friends
+      try:
+        if not isinstance(v, str):
+          raise TypeError(v)
+        kwargs[k] = np.dtype(v)  # compares equal to jnp.float32 and friends
+      except (TypeError, ValueError):
+        raise ConfigError(f"{where}.dtype: {v!r} is not a dtype name") from None
     elif isinstance(v, list):
       kwargs[k] = tuple(v)  # configs are hashable (static jit arguments)
     else:
       kwargs[k] = v
   try:
     return cls(**kwargs)
-  except TypeError as e:
+  except LogRerankError:
+    raise
+  except (TypeError, ValueError) as e:  # e.g. a __post_init__ check of a wrong-typed value
     raise ConfigError(f"{where}: {e}") from None
 
 
@@ -67,8 +77,12 @@ def log_config_from_dict(data: Dict[str, Any]) -> LoGConfig:
   if not isinstance(data, dict) or data.get("format_version") != FORMAT_VERSION:
     raise ConfigError(f"model config: unsupported format_version "
                       f"{data.get('format_version') if isinstance(data, dict) else None!r}")
-  d = data["log_config"]
+  d = data.get("log_config")
+  if not isinstance(d, dict):
+    raise ConfigError(f"model config: 'log_config' must be an object, got {type(d).__name__}")
   local = d.get("local", {})
+  if not isinstance(local, dict):
+    raise ConfigError(f"log_config.local: expected an object, got {type(local).__name__}")
   encoder = _build(ModernBertConfig, local.get("encoder", {}), "log_config.local.encoder")
   local_cfg = _build(LocalScorerConfig, local, "log_config.local", {"encoder": encoder})
   graph = _build(GraphBuildConfig, d.get("graph", {}), "log_config.graph")
@@ -88,6 +102,6 @@ def load_log_config(path: str) -> LoGConfig:
   try:
     with open(path, encoding="utf-8") as f:
       data = json.load(f)
-  except (OSError, json.JSONDecodeError) as e:
+  except (OSError, ValueError, RecursionError) as e:  # ValueError: bad JSON or not UTF-8
     raise ConfigError(f"{path}: cannot read model config ({e})") from None
   return log_config_from_dict(data)

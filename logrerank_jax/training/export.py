@@ -20,8 +20,22 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from logrerank_jax.data.tokenization import load_tokenizer
-from logrerank_jax.errors import CheckpointError
+from logrerank_jax.errors import CheckpointError, LogRerankError
 from logrerank_jax.models.config_io import load_log_config, save_log_config
+
+
+def _recover_interrupted_save(directory: str) -> None:
+  """Undo what a save killed mid-way (kill -9, power loss) left behind, before the next save."""
+  old = directory + ".old"
+  if not os.path.exists(old):
+    return
+  if os.path.exists(directory):
+    # Killed after the new folder landed, while deleting the previous one: finish the delete
+    # (otherwise the next save's rename of `directory` onto the non-empty `.old` fails).
+    shutil.rmtree(old)
+  else:
+    # Killed between the two renames: the previous, complete model is `.old`; put it back.
+    os.replace(old, directory)
 
 
 def save_model(directory: str, params: Dict[str, Any], cfg, tokenizer,
@@ -36,6 +50,7 @@ def save_model(directory: str, params: Dict[str, Any], cfg, tokenizer,
     info: JSON-serialisable provenance.
   """
   directory = os.path.abspath(directory)
+  _recover_interrupted_save(directory)
   tmp = directory + ".tmp-save"
   if os.path.exists(tmp):
     shutil.rmtree(tmp)
@@ -72,18 +87,30 @@ def load_model(directory: str, need_tokenizer: bool = True) -> Tuple[Dict[str, A
     `(params, cfg, tokenizer)`; tokenizer is None when absent and not needed.
   """
   directory = os.path.abspath(directory)
+  if not os.path.exists(directory) and os.path.isdir(directory + ".old"):
+    # A save killed between its two renames left the previous, complete model at `.old`;
+    # read it there (read-only: the writer's next save puts it back).
+    directory += ".old"
   for name in ("params", "model_config.json"):
     if not os.path.exists(os.path.join(directory, name)):
       raise CheckpointError(f"{directory} is not a model folder: it has no {name}")
   cfg = load_log_config(os.path.join(directory, "model_config.json"))
   me = jax.process_index()
-  params = ocp.StandardCheckpointer(multiprocessing_options=ocp.options.MultiprocessingOptions(
-      primary_host=me, active_processes={me})).restore(os.path.join(directory, "params"))
+  try:
+    params = ocp.StandardCheckpointer(multiprocessing_options=ocp.options.MultiprocessingOptions(
+        primary_host=me, active_processes={me})).restore(os.path.join(directory, "params"))
+  except Exception as e:  # pylint: disable=broad-except  (orbax/tensorstore raise many types)
+    raise CheckpointError(f"{directory}/params: cannot restore ({_first_line(e)})") from None
   params = jax.tree_util.tree_map(np.asarray, params)
   tok_dir = os.path.join(directory, "tokenizer")
   tokenizer = None
   if os.path.isdir(tok_dir):
-    tokenizer = load_tokenizer(tok_dir)
+    try:
+      tokenizer = load_tokenizer(tok_dir)
+    except LogRerankError:
+      raise
+    except Exception as e:  # pylint: disable=broad-except  (tokenizers raise plain Exception)
+      raise CheckpointError(f"{tok_dir}: cannot load tokenizer ({_first_line(e)})") from None
   elif need_tokenizer:
     raise CheckpointError(f"{directory} has no tokenizer/ folder")
   return params, cfg, tokenizer
@@ -94,5 +121,17 @@ def read_info(directory: str) -> Dict[str, Any]:
   path = os.path.join(directory, "info.json")
   if not os.path.exists(path):
     return {}
-  with open(path, encoding="utf-8") as f:
-    return json.load(f)
+  try:
+    with open(path, encoding="utf-8") as f:
+      info = json.load(f)
+  except (OSError, ValueError, RecursionError) as e:  # ValueError: bad JSON or not UTF-8
+    raise CheckpointError(f"{path}: cannot read ({_first_line(e)})") from None
+  if not isinstance(info, dict):
+    raise CheckpointError(f"{path}: expected a JSON object, got {type(info).__name__}")
+  return info
+
+
+def _first_line(e: BaseException) -> str:
+  """Name an exception in one line (library errors must be one line)."""
+  text = str(e).strip().splitlines()
+  return f"{type(e).__name__}: {text[0][:300]}" if text else type(e).__name__

@@ -17,6 +17,7 @@ import hashlib
 import json
 import math
 import os
+import tempfile
 import time
 from typing import Any, Dict, List, Optional
 
@@ -329,6 +330,17 @@ def _runner(per_device, mode, devices):
   return run, (lambda s: step_lib.put_replicated(s, mesh)), (lambda s: s), mesh
 
 
+def _check_workdir_writable(workdir: str) -> None:
+  """Create `workdir` and prove it writable now, not after hours of training at the first save."""
+  try:
+    os.makedirs(workdir, exist_ok=True)
+    fd, probe = tempfile.mkstemp(prefix=".write-probe-", dir=workdir)
+    os.close(fd)
+    os.remove(probe)
+  except OSError as e:
+    raise ConfigError(f"workdir {workdir} is not a writable folder ({e.strerror or e})") from None
+
+
 def train_and_evaluate(config, workdir: str) -> Dict[str, Any]:
   """Run one training stage as `config` says, writing checkpoints and logs under `workdir`.
 
@@ -340,7 +352,7 @@ def train_and_evaluate(config, workdir: str) -> Dict[str, Any]:
     Summary dict: final step, last training loss, last validation metrics, model folder.
   """
   from tqdm import tqdm  # pylint: disable=g-import-not-at-top
-  os.makedirs(workdir, exist_ok=True)
+  _check_workdir_writable(workdir)
   if config.stage not in ("local", "global"):
     raise ConfigError(f"config.stage must be 'local' or 'global', got {config.stage!r}")
   devices, proc, nproc = _topology(config)
