@@ -272,3 +272,47 @@ def test_pickle_planted_in_model_folder_is_refused_and_never_runs(two_models, tm
     load_model(str(folder)) if where != "info.json" else read_info(str(folder))
   assert "\n" not in str(info.value) and where.split("/")[0] in str(info.value), str(info.value)
   assert not marker.exists()  # the payload never ran
+
+
+# ---------------------------------------------------------------------------- disk full
+
+@pytest.fixture
+def small_disk(tmp_path):
+  """A 2 MiB filesystem (tmpfs) when this machine lets us mount one, else None."""
+  mnt = tmp_path / "small_disk"
+  mnt.mkdir()
+  res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)],
+                       capture_output=True, text=True)
+  yield mnt if res.returncode == 0 else None
+  if res.returncode == 0:
+    subprocess.run(["umount", str(mnt)], capture_output=True)
+
+
+def test_disk_full_during_checkpoint_is_named_and_resumable(tmp_path, small_disk, monkeypatch):
+  """A full disk at a checkpoint stops the run with a named error; earlier checkpoints stay."""
+  from logrerank_jax.training import trainer
+  from logrerank_jax.training.checkpoints import Checkpointer
+  spec = importlib.util.spec_from_file_location("local_stage", ROOT / "configs" / "local_stage.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config("tiny")
+  lines = (ROOT / "logrerank_jax" / "demo_data" / "train.jsonl").read_text().splitlines()[:6]
+  (tmp_path / "train.jsonl").write_text("\n".join(lines) + "\n")
+  config.train_file, config.val_file = str(tmp_path / "train.jsonl"), ""
+  config.max_steps, config.checkpoint_every_steps, config.progress_bar = 6, 2, False
+  if small_disk is not None:
+    # Real ENOSPC: the tiny train state (~0.8 MB per checkpoint) fills 2 MiB at the third save.
+    workdir = small_disk / "wd"
+  else:
+    # No mount permission: make the third save fail the way tensorstore reports a full disk.
+    workdir = tmp_path / "wd"
+    real_save = Checkpointer.save
+
+    def save(self, step, state, meta):
+      if step >= 6:
+        raise ValueError("RESOURCE_EXHAUSTED: Failed writing: No space left on device [os_error_code='28']")
+      return real_save(self, step, state, meta)
+    monkeypatch.setattr(Checkpointer, "save", save)
+  with pytest.raises(CheckpointError, match=r"micro-step 6 .*last complete checkpoint is step 4"):
+    trainer.train_and_evaluate(config, str(workdir))
+  assert Checkpointer(str(workdir)).latest_step() == 4

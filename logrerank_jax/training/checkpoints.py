@@ -27,6 +27,8 @@ def _manager(directory: str, max_to_keep: Optional[int], best_metric: Optional[s
       # Synchronous saves: when `save` returns the checkpoint is on disk, which is what a
       # preemptible run needs before it continues.
       enable_async_checkpointing=False,
+      # A save killed or failed mid-way leaves a *.orbax-checkpoint-tmp folder; drop it on start.
+      cleanup_tmp_directories=True,
       create=True)
   return ocp.CheckpointManager(
       os.path.abspath(directory), options=options,

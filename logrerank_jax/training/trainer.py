@@ -29,7 +29,7 @@ from logrerank_jax import losses
 from logrerank_jax.data.packing import PackingConfig
 from logrerank_jax.data.records import validate_training_file
 from logrerank_jax.data.tokenization import load_tokenizer, train_wordpiece_tokenizer
-from logrerank_jax.errors import ConfigError, LogRerankError
+from logrerank_jax.errors import CheckpointError, ConfigError, LogRerankError
 from logrerank_jax.evaluation import rerank_metrics
 from logrerank_jax.graph.build import build_sentence_graph
 from logrerank_jax.models import log_reranker as lr
@@ -330,6 +330,24 @@ def _runner(per_device, mode, devices):
   return run, (lambda s: step_lib.put_replicated(s, mesh)), (lambda s: s), mesh
 
 
+def _guarded_save(ckpt: Checkpointer, step: int, save) -> None:
+  """Run a checkpoint save; a failed write (disk full, lost mount) becomes one named error.
+
+  Orbax writes into a temporary folder and renames it only when complete, so the previous
+  checkpoints stay intact and the next start resumes from the latest complete one.
+  """
+  try:
+    save()
+  except CheckpointError:
+    raise
+  except Exception as e:  # orbax/tensorstore raise ValueError, OSError, RuntimeError...
+    first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+    raise CheckpointError(
+        f"cannot write the checkpoint of micro-step {step} under {ckpt.workdir} ({first}); "
+        f"the last complete checkpoint is step {ckpt.latest_step()}, and a restart resumes "
+        "from it") from None
+
+
 def _check_workdir_writable(workdir: str) -> None:
   """Create `workdir` and prove it writable now, not after hours of training at the first save."""
   try:
@@ -536,9 +554,9 @@ def train_and_evaluate(config, workdir: str) -> Dict[str, Any]:
       if do_eval:
         val = eval_fn(host_state.params)
         write({"event": "val", "step": done, "epoch": epoch, **val})
-        ckpt.save_best(done, host_state, meta, val)
+        _guarded_save(ckpt, done, lambda: ckpt.save_best(done, host_state, meta, val))
       if do_ckpt:
-        ckpt.save(done, host_state, meta)
+        _guarded_save(ckpt, done, lambda: ckpt.save(done, host_state, meta))
   bar.close()
 
   # Export the model for inference: the best-by-validation params if any, else the last ones.
