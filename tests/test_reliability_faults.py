@@ -285,7 +285,8 @@ def small_disk(tmp_path):
                        capture_output=True, text=True)
   yield mnt if res.returncode == 0 else None
   if res.returncode == 0:
-    subprocess.run(["umount", str(mnt)], capture_output=True)
+    # Lazy: orbax may still hold the folder open; detach it now, free it when released.
+    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
 def test_disk_full_during_checkpoint_is_named_and_resumable(tmp_path, small_disk, monkeypatch):
