@@ -134,6 +134,26 @@ def _pairwise_sums(logits, passage_rank, sentence_rank, passage_ids, mask):
   return total, jnp.sum(pairs)
 
 
+def pairwise_query_losses(logits, passage_rank, sentence_rank, passage_ids, mask):
+  """Return each query's pairwise loss (eq 23) and whether it has any pair, for [Q, N] inputs.
+
+  Data-parallel training needs these per query (a sum and a count, not a batch mean) so that
+  the global mean does not depend on how queries are split across devices.
+
+  Args:
+    logits, passage_rank, sentence_rank, passage_ids, mask: [Q, N], as `pairwise_global_loss`.
+
+  Returns:
+    (per_query [Q] float32 mean over that query's pairs, 0 without pairs; has_pair [Q] bool).
+  """
+  logits = jnp.asarray(logits)
+  dtype = _compute_dtype(logits)
+  totals, counts = jax.vmap(_pairwise_sums)(
+      logits.astype(dtype), jnp.asarray(passage_rank), jnp.asarray(sentence_rank),
+      jnp.asarray(passage_ids), jnp.asarray(mask).astype(bool))  # [Q], [Q]
+  return totals / jnp.maximum(counts, 1).astype(dtype), counts > 0
+
+
 def pairwise_global_loss(logits, passage_rank, sentence_rank, passage_ids, mask):
   """Return the pairwise global loss (eq 23): mean -log sigmoid(l_u - l_v) over D_q.
 
@@ -168,8 +188,6 @@ def pairwise_global_loss(logits, passage_rank, sentence_rank, passage_ids, mask)
   if len(shape) == 1:
     total, count = _pairwise_sums(*args)
     return total / jnp.maximum(count, 1).astype(dtype)
-  totals, counts = jax.vmap(_pairwise_sums)(*args)  # [Q], [Q]
-  per_query = totals / jnp.maximum(counts, 1).astype(dtype)  # [Q]
-  has_pair = counts > 0
+  per_query, has_pair = pairwise_query_losses(*args)  # [Q], [Q]
   return jnp.sum(jnp.where(has_pair, per_query, 0.0)) / jnp.maximum(
       jnp.sum(has_pair), 1).astype(dtype)

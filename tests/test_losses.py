@@ -307,3 +307,23 @@ def test_bad_inputs_raise_library_errors():
   with pytest.raises(DataError, match="passage_ids"):
     losses.pairwise_global_loss(jnp.zeros(3), jnp.ones(3), jnp.ones(3), jnp.ones(4),
                                 jnp.ones(3, bool))
+
+
+def test_pairwise_query_losses_match_the_batched_mean():
+  """Per-query losses and pair flags reproduce the [Q, N] batch mean of pairwise_global_loss."""
+  rs = np.random.RandomState(7)
+  q, n = 4, 9
+  logits = rs.randn(q, n).astype(np.float32)
+  prank = rs.randint(1, 4, size=(q, n))
+  srank = rs.randint(1, 4, size=(q, n))
+  pids = prank.copy()  # one passage per rank
+  mask = rs.rand(q, n) < 0.8
+  mask[2] = False  # a query with no valid node, hence no pair
+  per_query, has_pair = losses.pairwise_query_losses(logits, prank, srank, pids, mask)
+  assert not bool(has_pair[2]) and float(per_query[2]) == 0.0
+  for i in range(q):
+    np.testing.assert_allclose(per_query[i], losses.pairwise_global_loss(
+        logits[i], prank[i], srank[i], pids[i], mask[i]), rtol=1e-6)
+  batch_mean = float(jnp.sum(jnp.where(has_pair, per_query, 0.0)) / jnp.sum(has_pair))
+  np.testing.assert_allclose(batch_mean, losses.pairwise_global_loss(logits, prank, srank, pids, mask),
+                             rtol=1e-6)

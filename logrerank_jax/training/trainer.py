@@ -105,14 +105,9 @@ def local_loss_fn(cfg: lr.LoGConfig):
 
 def _pairwise_terms(logits, batch):
   """Per-query pairwise loss (eq 23) as (sum over queries with pairs, number of such queries)."""
-  def one(l, pr, sr, pid, m):
-    loss = losses.pairwise_global_loss(l, pr, sr, pid, m)
-    # A query with no pair contributes nothing (and is not counted).
-    has_pair = jnp.any(m[:, None] & m[None, :] & (pid[:, None] != pid[None, :])
-                       & (pr[:, None] < pr[None, :]) & (sr[:, None] <= sr[None, :]))
-    return loss, has_pair
-  per_query, has_pair = jax.vmap(one)(logits, batch["passage_rank"], batch["sentence_rank"],
-                                      batch["node_passage"], batch["node_mask"])
+  per_query, has_pair = losses.pairwise_query_losses(
+      logits, batch["passage_rank"], batch["sentence_rank"], batch["node_passage"],
+      batch["node_mask"])
   count = jnp.sum(has_pair).astype(jnp.float32)
   return jnp.sum(jnp.where(has_pair, per_query, 0.0)), count
 
