@@ -38,6 +38,17 @@ def _recover_interrupted_save(directory: str) -> None:
     os.replace(old, directory)
 
 
+def _this_process_checkpointer() -> ocp.StandardCheckpointer:
+  """Return a checkpointer whose barriers involve this process only.
+
+  Model folders are written and read by one process (the caller decides which); orbax's default
+  cross-process barriers would make a multi-host run wait for peers that never call it.
+  """
+  me = jax.process_index()
+  return ocp.StandardCheckpointer(multiprocessing_options=ocp.options.MultiprocessingOptions(
+      primary_host=me, active_processes={me}))
+
+
 def save_model(directory: str, params: Dict[str, Any], cfg, tokenizer,
                info: Optional[Dict[str, Any]] = None) -> None:
   """Write a model folder atomically.
@@ -56,11 +67,7 @@ def save_model(directory: str, params: Dict[str, Any], cfg, tokenizer,
     shutil.rmtree(tmp)
   os.makedirs(tmp)
   params = jax.tree_util.tree_map(lambda x: np.asarray(x, np.float32), params)
-  # Called by one process only (the caller decides which): restrict orbax's cross-process
-  # barriers to this process, or a multi-host run would wait for peers that never save.
-  me = jax.process_index()
-  ckptr = ocp.StandardCheckpointer(multiprocessing_options=ocp.options.MultiprocessingOptions(
-      primary_host=me, active_processes={me}))
+  ckptr = _this_process_checkpointer()
   ckptr.save(os.path.join(tmp, "params"), params)
   ckptr.wait_until_finished()
   save_log_config(os.path.join(tmp, "model_config.json"), cfg)
@@ -95,10 +102,8 @@ def load_model(directory: str, need_tokenizer: bool = True) -> Tuple[Dict[str, A
     if not os.path.exists(os.path.join(directory, name)):
       raise CheckpointError(f"{directory} is not a model folder: it has no {name}")
   cfg = load_log_config(os.path.join(directory, "model_config.json"))
-  me = jax.process_index()
   try:
-    params = ocp.StandardCheckpointer(multiprocessing_options=ocp.options.MultiprocessingOptions(
-        primary_host=me, active_processes={me})).restore(os.path.join(directory, "params"))
+    params = _this_process_checkpointer().restore(os.path.join(directory, "params"))
   except Exception as e:  # pylint: disable=broad-except  (orbax/tensorstore raise many types)
     raise CheckpointError(f"{directory}/params: cannot restore ({_first_line(e)})") from None
   params = jax.tree_util.tree_map(np.asarray, params)

@@ -201,6 +201,11 @@ def _file_digest(path: str) -> str:
   return h.hexdigest()[:16]
 
 
+def _cache_fingerprint(fp_base: str, data_file: str) -> str:
+  """Return the cache key of one data file's features under the frozen model `fp_base`."""
+  return hashlib.sha256((fp_base + _file_digest(data_file)).encode()).hexdigest()
+
+
 def _tree_digest(tree) -> str:
   h = hashlib.sha256()
   for leaf in jax.tree_util.tree_leaves(tree):
@@ -407,6 +412,7 @@ def train_and_evaluate(config, workdir: str) -> Dict[str, Any]:
   my_shards = slice(proc * len(devices), (proc + 1) * len(devices))
   t0 = time.time()
   cache_info = {}
+  fp_base = None  # identifies the frozen local model's features when they are cached
   if config.stage == "global" and config.use_feature_cache:
     fp_base = json.dumps({"local": _tree_digest(frozen_local), "max_seq_len": config.max_seq_len,
                           "max_query_tokens": config.max_query_tokens})
@@ -414,7 +420,7 @@ def train_and_evaluate(config, workdir: str) -> Dict[str, Any]:
     os.makedirs(cache_dir, exist_ok=True)
     feats, hit = load_or_compute_features(
         os.path.join(cache_dir, f"train-p{proc}.npz"),
-        hashlib.sha256((fp_base + _file_digest(config.train_file)).encode()).hexdigest(),
+        _cache_fingerprint(fp_base, config.train_file),
         lambda: compute_features(cfg, frozen_local, units, tokenizer, pack_cfg,
                                  config.cache_batch_queries))
     cache_info = {"train_cache_hit": hit, "cache_seconds": time.time() - t0}
@@ -492,8 +498,7 @@ def train_and_evaluate(config, workdir: str) -> Dict[str, Any]:
   dstate = place_state(state)
 
   # Evaluation closure.
-  eval_fn = _make_eval(config, cfg, val_units, tokenizer, pack_cfg, frozen_local, workdir, fp_base
-                       if config.stage == "global" and config.use_feature_cache else None)
+  eval_fn = _make_eval(config, cfg, val_units, tokenizer, pack_cfg, frozen_local, workdir, fp_base)
 
   log_path = os.path.join(workdir, "metrics.jsonl")
   log = open(log_path, "a", encoding="utf-8") if proc == 0 else None
@@ -599,7 +604,7 @@ def _make_eval(config, cfg, val_units, tokenizer, pack_cfg, frozen_local, workdi
   if fp_base is not None:
     feats, _ = load_or_compute_features(
         os.path.join(workdir, "feature_cache", f"val-p{jax.process_index()}.npz"),
-        hashlib.sha256((fp_base + _file_digest(config.val_file)).encode()).hexdigest(),
+        _cache_fingerprint(fp_base, config.val_file),
         lambda: compute_features(cfg, frozen_local, val_units, tokenizer, pack_cfg,
                                  config.cache_batch_queries))
   else:
