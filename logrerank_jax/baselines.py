@@ -83,7 +83,7 @@ class CrossEncoder:
     self._jit = jax.jit(functools.partial(_score_pairs, cfg=cfg, label=cfg.num_labels - 1))
 
   @classmethod
-  def from_hf_dir(cls, path: str, **kwargs) -> "CrossEncoder":
+  def from_pretrained(cls, path: str, **kwargs) -> "CrossEncoder":
     """Load an HF ModernBertForSequenceClassification folder (config, weights, tokenizer)."""
     from logrerank_jax.convert import load_torch_state_dict, sequence_classifier_params_from_torch
     from logrerank_jax.data.tokenization import load_tokenizer

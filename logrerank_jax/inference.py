@@ -1,34 +1,19 @@
 """Jit-compiled batch reranking with a trained LoG-Reranker model folder.
 
-Library entry point (stable; `tools/rerank.py` and the conversion tests call it):
+Library entry point (stable; `tools/rerank.py`, `tools/evaluate.py` and the notebook API use it):
 
-    from logrerank_jax.inference import Reranker
-    rr = Reranker.from_dir(path)            # model folder (export.save_model) or a workdir with model/
-    out = rr.rerank_records(records)        # list of input dicts -> one output dict per record, in order
-    rr.compile_stats()                      # {"xla_compilations", "jit_cache_entries", ...}
+    import logrerank_jax
+    rr = logrerank_jax.Reranker.from_pretrained(path)   # model folder or a workdir with model/
+    ranked = rr.rank(query, passages)                   # reranked passages (results.RankedResults)
+    out = rr.rerank_records(records)                    # input dicts -> one output dict per record
+    rr.compile_stats()                                  # {"xla_compilations", "jit_cache_entries", ...}
 
-Each output dict (the "log" format) is
-    {"line", "id", "query", "error": None, "query_truncated",
-     "ranked_sentences": [{"rank", "passage", "sentence", "start", "end", "text",
-                           "role_probs": {"background", "method", "result"}, "role",
-                           "local_score", "global_score", "score", "truncated"}, ...],
-     "passage_ranking": [passage index, ...],
-     "passages": [{"index", "id", "title", "num_sentences", "num_windows",
-                   "truncated_sentences", "empty_sentences"}, ...],
-     "context": [{"passage", "sentence", "text", "score", "role",
-                  "predecessor", "successor", "similar"}, ...]}
-or, for a record that cannot be processed, {"line", "id", "query", "error": "<one line>"}.
-`passage`/`sentence` are indices into the input's passage list and the passage's sentences;
-`text == passage_text[start:end]`; `score` is the final score used for ranking (the global one,
-or the local one for a model trained "w/o global", whose `global_score` is None). Sentences are
-ranked by decreasing score, ties by passage order; `passage_ranking` lists passages by the first
-appearance of their sentences, then passages without sentences (empty text) in input order.
-Context units (eq 17-18) are those of `log_context`, with node indices resolved to
-{"passage", "sentence", "text"} references (predecessor/successor may be None).
+The output dicts are the "log" format of `logrerank_jax.results` (typed `RerankResult` /
+`RecordError` inside the library, `to_dict()` at the edge).
 
-Shapes.  Queries are packed `queries_per_batch` at a time with `pack_for_config`; the query axis
+Shapes.  Queries are packed `queries_per_batch` at a time with `pack_for_model`; the query axis
 is always padded to `queries_per_batch` slots and rows, spans and nodes to the `PackingConfig`
-buckets, so the forward (`log_forward`, local -> graph -> global in one `jax.jit` with the config
+buckets, so the forward (`LoGReranker`, local -> graph -> global in one `jax.jit` with the config
 static) sees only a small fixed set of shapes and compiles once per shape bucket.
 
 Compilation count.  `compile_stats()["xla_compilations"]` counts the
@@ -40,22 +25,29 @@ persistent compilation cache (`persistent_cache_hits` counts those separately).
 
 import dataclasses
 import functools
-import math
 import os
 import threading
-from typing import Any, Iterable, List, Optional, Sequence, Union
+from typing import Any, Iterable, List, Mapping, Optional, Sequence, Union
 
 import jax
 import numpy as np
 
 from logrerank_jax.data.inference_input import (InferenceRecord, InputLine,
                                                 parse_inference_record)
-from logrerank_jax.data.packing import PackingConfig, QueryInput
+from logrerank_jax.data.packing import PackingConfig, pack_for_model, QueryInput
 from logrerank_jax.errors import CheckpointError, ConfigError, DataError, LogRerankError
+from logrerank_jax.graph.context import log_context
 from logrerank_jax.models import log_reranker as lr
-from logrerank_jax.models.local_scorer import SPAN_KEYS, TOKEN_KEYS
+from logrerank_jax.models.model_folder import load_model, read_info, resolve_model_dir
+from logrerank_jax.ranking import passage_order, passage_scores, sentence_order
+from logrerank_jax.results import (ContextUnit, PassageInfo, RankedResults, RankedSentence,
+                                   RecordError, RerankResult, Result, SentenceRef, finite,
+                                   ranked_results, record_error, to_openscholar)
+from logrerank_jax.schema import MODEL_KEYS, NUM_ROLES, ROLE_NAMES
 
-ROLE_NAMES = ("background", "method", "result")
+__all__ = ["Reranker", "QueryScores", "default_packing_config", "enable_compilation_cache",
+           "default_compilation_cache_dir", "to_openscholar", "resolve_model_dir"]
+
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
 DEFAULT_CACHE_ENV = "LOGRERANK_JAX_COMPILATION_CACHE"
@@ -115,19 +107,6 @@ def enable_compilation_cache(path: str, min_compile_time_secs: float = 0.0) -> s
   return path
 
 
-def resolve_model_dir(path: str) -> str:
-  """Return the model folder of `path`: `path` itself, or `path/model` for a training workdir.
-
-  Raises:
-    CheckpointError: neither holds a `model_config.json`.
-  """
-  for cand in (path, os.path.join(path, "model")):
-    if os.path.isfile(os.path.join(cand, "model_config.json")):
-      return cand
-  raise CheckpointError(f"{path} is neither a model folder (model_config.json, params/, "
-                        "tokenizer/) nor a training workdir containing model/")
-
-
 def default_packing_config(cfg: lr.LoGConfig, row_len: Optional[int] = None,
                            max_query_tokens: Optional[int] = None) -> PackingConfig:
   """Packer settings for inference: rows of `row_len` tokens (default 1024, the paper's input
@@ -136,16 +115,14 @@ def default_packing_config(cfg: lr.LoGConfig, row_len: Optional[int] = None,
   return PackingConfig(row_len=row_len, max_query_tokens=int(max_query_tokens or 64))
 
 
-def _check_param_shapes(params, cfg: lr.LoGConfig, tokenizer) -> None:
+def _check_param_shapes(params, cfg: lr.LoGConfig) -> None:
   """Raise CheckpointError listing every param whose shape differs from what `cfg` builds.
 
   Without it, params saved under another config fail deep inside the first forward call.
   """
   from flax.traverse_util import flatten_dict  # pylint: disable=g-import-not-at-top
-  example, _ = lr.pack_for_config([QueryInput("q", [["a b", "c"]])], tokenizer,
-                                  PackingConfig(row_len=32, max_query_tokens=8), cfg)
-  # Shapes only (no compute); a local-stage export lacks "global", so compare shared subtrees.
-  want = jax.eval_shape(lambda k: lr.init_params(cfg, example, k), jax.random.PRNGKey(0))
+  want = lr.param_shapes(cfg)  # shapes only, no compute
+  # A local-stage export lacks "global", so compare shared subtrees.
   shared = [top for top in want if top in params]
   want = {"/".join(k): tuple(v.shape)
           for k, v in flatten_dict({t: dict(want[t]) for t in shared}).items()}
@@ -161,7 +138,7 @@ def _check_param_shapes(params, cfg: lr.LoGConfig, tokenizer) -> None:
 
 
 def _forward(params, arrays, cfg):
-  """The jitted body: local -> graph -> global, keeping only what the output needs."""
+  """The jitted body: the full model, keeping only what the output needs."""
   out = lr.log_forward(params, arrays, cfg)
   keep = {k: out[k] for k in ("local_score", "final_score", "role_probs", "graph")}
   keep["global_score"] = out.get("global_score", out["final_score"])
@@ -183,12 +160,11 @@ class QueryScores:
   query_truncated: bool = False  # the query was cut at `max_query_tokens`
 
   def passage_scores(self, which: str = "final") -> np.ndarray:
-    """Best sentence score per passage ([P]); passages without sentences get -1 (below any sigmoid)."""
+    """Best sentence score per passage ([P], `ranking.passage_scores`); passages without
+    sentences get -1, below any sigmoid score (finite, so run files can hold it)."""
     scores = {"final": self.final_score, "local": self.local_score}[which]
-    out = np.full(len(self.record.passages), -1.0, np.float64)
-    for p, s in zip(self.node_passage, scores):
-      out[p] = max(out[p], float(s))
-    return out
+    best = passage_scores(self.node_passage, scores, len(self.record.passages))
+    return np.where(np.isfinite(best), best, -1.0)
 
 
 class Reranker:
@@ -212,9 +188,9 @@ class Reranker:
       raise ConfigError(f"queries_per_batch must be a positive int, got {queries_per_batch!r}")
     if cfg.use_global and "global" not in params:
       raise CheckpointError("params have no 'global' tree but the config has use_global=True")
-    _check_param_shapes(params, cfg, tokenizer)
+    _check_param_shapes(params, cfg)
     self.cfg = cfg
-    # True when `from_dir` loaded a local-stage model (no global params) as "w/o global".
+    # True when `from_pretrained` loaded a local-stage model (no global params) as "w/o global".
     self.local_only = bool(_local_only)
     self.tokenizer = tokenizer
     self.queries_per_batch = queries_per_batch
@@ -229,8 +205,8 @@ class Reranker:
     _ensure_listeners()
 
   @classmethod
-  def from_dir(cls, path: str, **kwargs) -> "Reranker":
-    """Load a model folder (`export.save_model` layout) or a training workdir with `model/`.
+  def from_pretrained(cls, path: str, **kwargs) -> "Reranker":
+    """Load a model folder (`model_folder.save_model` layout) or a training workdir with `model/`.
 
     Args:
       path: the folder.
@@ -241,8 +217,6 @@ class Reranker:
     Returns:
       The `Reranker`.
     """
-    from logrerank_jax.training.export import load_model, read_info  # orbax import is slow
-
     model_dir = resolve_model_dir(path)
     params, cfg, tokenizer = load_model(model_dir)
     if cfg.use_global and "global" not in params:
@@ -259,6 +233,8 @@ class Reranker:
           max_query_tokens or trained.get("max_query_tokens"))
     return cls(params, cfg, tokenizer, **kwargs)
 
+  from_dir = from_pretrained  # the earlier name
+
   # ----------------------------------------------------------------------------------- forward
 
   def compile_stats(self) -> dict:
@@ -269,7 +245,7 @@ class Reranker:
 
   def _run(self, batch):
     """Run the jitted forward on a PackedBatch, counting the compilations it triggers."""
-    arrays = {k: getattr(batch, k) for k in TOKEN_KEYS + SPAN_KEYS + lr.NODE_KEYS}
+    arrays = {k: getattr(batch, k) for k in MODEL_KEYS}
     before = dict(_COUNTS)
     out = self._jit(self.params, arrays)
     out = jax.tree_util.tree_map(np.asarray, out)  # waits for the device, then host copies
@@ -281,13 +257,14 @@ class Reranker:
   def _score_group(self, records: Sequence[InferenceRecord]) -> List[QueryScores]:
     """Pack and score up to `queries_per_batch` records in one forward call."""
     queries = [QueryInput(r.query, r.sentence_texts) for r in records]
-    batch, info = lr.pack_for_config(queries, self.tokenizer, self.packing, self.cfg)
+    batch, info = pack_for_model(queries, self.tokenizer, self.packing,
+                                 self.cfg.contextual_encoding)
     out = self._run(batch)
     q_slots, n_slots = batch.node_mask.shape
-    contexts = lr.log_context(out, self.cfg)
+    contexts = log_context(out, self.cfg)
     per_q = lambda x, *t: np.asarray(x).reshape(q_slots, n_slots, *t)  # noqa: E731
     local, final = per_q(out["local_score"]), per_q(out["final_score"])
-    glob, roles = per_q(out["global_score"]), per_q(out["role_probs"], 3)
+    glob, roles = per_q(out["global_score"]), per_q(out["role_probs"], NUM_ROLES)
     results = []
     for q, rec in enumerate(records):
       n = int(batch.node_mask[q].sum())
@@ -352,8 +329,8 @@ class Reranker:
 
   # ------------------------------------------------------------------------------------ output
 
-  def rerank_lines(self, lines: Sequence[InputLine], progress: bool = False) -> List[dict]:
-    """Rerank `read_inference_file` entries: one output dict per entry, in order."""
+  def rerank_lines(self, lines: Sequence[InputLine], progress: bool = False) -> List[Result]:
+    """Rerank `read_inference_file` entries: one typed result per entry, in order."""
     good = [i for i, ln in enumerate(lines) if isinstance(ln.record, InferenceRecord)]
     scored = self.score([lines[i].record for i in good], progress=progress)
     by_index = dict(zip(good, scored))
@@ -361,21 +338,12 @@ class Reranker:
     for i, ln in enumerate(lines):
       res = by_index.get(i, ln.record)
       if isinstance(res, QueryScores):
-        out.append(format_result(res, ln.line))
+        out.append(make_result(res, ln.line))
       else:
-        out.append(error_result(ln.raw, str(res), ln.line))
+        out.append(record_error(ln.raw, str(res), ln.line))
     return out
 
-  def rerank_records(self, records: Iterable[Any], progress: bool = False) -> List[dict]:
-    """Rerank input records (dicts in the OpenScholar style): one output dict per record, in order.
-
-    Args:
-      records: parsed JSON objects (or `InferenceRecord`s); bad ones give an `error` output.
-      progress: show a tqdm progress bar.
-
-    Returns:
-      Output dicts in the "log" format (module docstring); `line` is the 1-based record number.
-    """
+  def _lines(self, records: Iterable[Any]) -> List[InputLine]:
     lines = []
     for n, obj in enumerate(records, start=1):
       if isinstance(obj, InferenceRecord):
@@ -385,109 +353,84 @@ class Reranker:
         lines.append(InputLine(n, obj, parse_inference_record(obj, f"record {n}")))
       except DataError as e:
         lines.append(InputLine(n, obj, e))
-    return self.rerank_lines(lines, progress=progress)
+    return lines
+
+  def rerank_records(self, records: Iterable[Any], progress: bool = False) -> List[dict]:
+    """Rerank input records (dicts in the OpenScholar style): one output dict per record, in order.
+
+    Args:
+      records: parsed JSON objects (or `InferenceRecord`s); bad ones give an `error` output.
+      progress: show a tqdm progress bar.
+
+    Returns:
+      Output dicts in the "log" format (`logrerank_jax.results`); `line` is the 1-based record
+      number.
+    """
+    return [r.to_dict() for r in self.rerank_lines(self._lines(records), progress=progress)]
+
+  def rank(self, query: str, passages: Sequence[Union[str, Mapping[str, Any]]],
+           top_k: Optional[int] = None) -> RankedResults:
+    """Rerank one query's passages; the one-call notebook API.
+
+    Args:
+      query: the question.
+      passages: plain strings, or `{"title", "text", ...}` dicts.
+      top_k: keep only the best `top_k` passages (None: all).
+
+    Returns:
+      `RankedResults`: the passages best first, each with `.index` (into `passages`), `.text`,
+      `.score` (its best sentence's) and `.sentences` (its ranked sentences); `.context` holds
+      the query's structured context units.
+
+    Raises:
+      DataError: the query or a passage is unusable (the message names it).
+    """
+    ctxs = [{"title": "", "text": p} if isinstance(p, str) else p for p in passages]
+    res = self.rerank_lines(self._lines([{"input": query, "ctxs": ctxs}]))[0]
+    if isinstance(res, RecordError):
+      raise DataError(res.error)
+    return ranked_results(res, ctxs, top_k)
 
 
-def _role_name(probs) -> str:
-  """Argmax role name (ties to the lower index, as the graph builder)."""
-  return ROLE_NAMES[int(np.argmax(probs))]
-
-
-def _finite(x: float) -> float:
-  """Return `x` as float, raising DataError on NaN/Inf (JSON cannot hold them honestly)."""
-  x = float(x)
-  if not math.isfinite(x):
-    raise DataError(f"model produced a non-finite score ({x})")
-  return x
-
-
-def format_result(res: QueryScores, line: Optional[int] = None) -> dict:
-  """Turn one query's scores into the "log" output dict (module docstring)."""
+def make_result(res: QueryScores, line: Optional[int] = None) -> Result:
+  """Turn one query's scores into its typed result (or a `RecordError` on a non-finite score)."""
   rec = res.record
+
+  def ref(n) -> Optional[SentenceRef]:
+    if n is None:
+      return None
+    p, s = int(res.node_passage[n]), int(res.node_sentence[n])
+    return SentenceRef(p, s, rec.passages[p].sentences[s].text)
+
   try:
-    order = np.lexsort((np.arange(len(res.final_score)), -res.final_score))  # score desc, then node
-    ranked, passage_ranking, seen = [], [], set()
-    for rank, n in enumerate(order.tolist(), start=1):
+    ranked = []
+    for rank, n in enumerate(sentence_order(res.final_score), start=1):
       p, s = int(res.node_passage[n]), int(res.node_sentence[n])
       sent = rec.passages[p].sentences[s]
-      ranked.append({
-          "rank": rank, "passage": p, "sentence": s, "start": sent.start, "end": sent.end,
-          "text": sent.text,
-          "role_probs": {r: _finite(v) for r, v in zip(ROLE_NAMES, res.role_probs[n])},
-          "role": _role_name(res.role_probs[n]),
-          "local_score": _finite(res.local_score[n]),
-          "global_score": None if res.global_score is None else _finite(res.global_score[n]),
-          "score": _finite(res.final_score[n]),
-          "truncated": s in res.passage_info[p][1]})
-      if p not in seen:
-        seen.add(p)
-        passage_ranking.append(p)
-    # Passages without sentences (empty text) are kept, after every scored passage.
-    passage_ranking += [p for p in range(len(rec.passages)) if p not in seen]
-
-    def ref(n):
-      if n is None:
-        return None
-      p, s = int(res.node_passage[n]), int(res.node_sentence[n])
-      return {"passage": p, "sentence": s, "text": rec.passages[p].sentences[s].text}
-
+      ranked.append(RankedSentence(
+          rank=rank, passage=p, sentence=s, start=sent.start, end=sent.end, text=sent.text,
+          role_probs=tuple(finite(v) for v in res.role_probs[n]),
+          local_score=finite(res.local_score[n]),
+          global_score=None if res.global_score is None else finite(res.global_score[n]),
+          score=finite(res.final_score[n]), truncated=s in res.passage_info[p][1]))
     context = []
     for unit in res.context:
-      u = dict(ref(unit["node"]))
-      u["score"] = _finite(unit["score"])
-      u["role"] = None if unit["role"] is None else ROLE_NAMES[unit["role"]]
-      for key in ("predecessor", "successor"):
-        if key in unit:
-          u[key] = ref(unit[key])
-      if "similar" in unit:
-        u["similar"] = [ref(v) for v in unit["similar"]]
-      context.append(u)
+      expanded = "similar" in unit
+      context.append(ContextUnit(
+          sentence=ref(unit["node"]), score=finite(unit["score"]),
+          role=None if unit["role"] is None else ROLE_NAMES[unit["role"]],
+          predecessor=ref(unit.get("predecessor")), successor=ref(unit.get("successor")),
+          similar=tuple(ref(v) for v in unit["similar"]) if expanded else None))
   except DataError as e:
-    return error_result(rec.raw, str(e), line)
-  passages = [{"index": p, "id": ps.passage_id, "title": ps.title,
-               "num_sentences": len(ps.sentences), "num_windows": res.passage_info[p][0],
-               "truncated_sentences": res.passage_info[p][1],
-               "empty_sentences": res.passage_info[p][2]}
-              for p, ps in enumerate(rec.passages)]
-  return {"line": line, "id": rec.record_id, "query": rec.query, "error": None,
-          "query_truncated": res.query_truncated, "ranked_sentences": ranked, "passage_ranking": passage_ranking, "passages": passages,
-          "context": context}
-
-
-def error_result(raw: Any, message: str, line: Optional[int] = None) -> dict:
-  """The output dict of a record that could not be processed."""
-  rid = query = None
-  if isinstance(raw, dict):
-    rid = raw.get("id") if isinstance(raw.get("id"), (str, int)) else None
-    rid = None if rid is None or isinstance(rid, bool) else str(rid)
-    q = raw.get("input", raw.get("question"))
-    query = q if isinstance(q, str) else None
-  return {"line": line, "id": rid, "query": query, "error": message}
-
-
-def to_openscholar(raw: Any, result: dict) -> dict:
-  """Write an input record back with its passages reordered (OpenScholar generation input).
-
-  Every input field is kept; the passage list (`ctxs` or `passages`, whichever the input used)
-  is reordered by `passage_ranking`, each passage object unchanged. Added keys:
-  `log_passage_order` (original indices, best first) and `log_context` (the context units, whose
-  `passage` indices refer to the ORIGINAL order). A failed record is written back unchanged with
-  an `error` field (a line that was not a JSON object becomes {"error", "line"}).
-
-  Args:
-    raw: the parsed input object.
-    result: its `format_result` / `error_result` dict.
-
-  Returns:
-    The output object.
-  """
-  if result.get("error") is not None:
-    if isinstance(raw, dict):
-      return {**raw, "error": result["error"]}
-    return {"error": result["error"], "line": result.get("line")}
-  out = dict(raw)
-  pkey = "ctxs" if "ctxs" in raw else "passages"
-  out[pkey] = [raw[pkey][p] for p in result["passage_ranking"]]
-  out["log_passage_order"] = list(result["passage_ranking"])
-  out["log_context"] = result["context"]
-  return out
+    return record_error(rec.raw, str(e), line)
+  # A passage scores as its best sentence; passages without sentences come last.
+  passage_ranking = passage_order(res.passage_scores("final"))
+  passages = tuple(PassageInfo(index=p, id=ps.passage_id, title=ps.title,
+                               num_sentences=len(ps.sentences), num_windows=res.passage_info[p][0],
+                               truncated_sentences=tuple(res.passage_info[p][1]),
+                               empty_sentences=tuple(res.passage_info[p][2]))
+                   for p, ps in enumerate(rec.passages))
+  return RerankResult(line=line, id=rec.record_id, query=rec.query,
+                      query_truncated=res.query_truncated, ranked_sentences=tuple(ranked),
+                      passage_ranking=tuple(passage_ranking), passages=passages,
+                      context=tuple(context))

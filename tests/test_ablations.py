@@ -10,15 +10,16 @@ import jax
 import numpy as np
 import pytest
 
+from logrerank_jax.data.packing import pack_for_model
+from logrerank_jax.graph.context import log_context
 from logrerank_jax.data.packing import PackingConfig, QueryInput
 from logrerank_jax.data.sentences import split_sentences
 from logrerank_jax.data.tokenization import train_wordpiece_tokenizer
 from logrerank_jax.errors import ConfigError
 from logrerank_jax.graph.build import GraphBuildConfig
 from logrerank_jax.models.log_reranker import (ABLATIONS, LoGConfig, LoGReranker, ablation,
-                                               count_params, device_batch, log_context,
-                                               log_forward,
-                                               pack_for_config)
+                                               count_params, device_batch,
+                                               log_forward)
 
 PACK = PackingConfig(row_len=192, row_buckets=(4, 8, 16), span_buckets=(64,), node_buckets=(16,),
                      query_buckets=(1,), max_query_tokens=32)
@@ -50,7 +51,7 @@ def base_cfg(tokenizer):
 
 @pytest.fixture(scope="module")
 def batch(queries, tokenizer, base_cfg):
-  packed, _ = pack_for_config(queries, tokenizer, PACK, base_cfg)
+  packed, _ = pack_for_model(queries, tokenizer, PACK, base_cfg.contextual_encoding)
   return packed
 
 
@@ -216,7 +217,7 @@ def test_wo_global(base, base_cfg, batch):
 def test_wo_contextual_encoding(base, base_cfg, batch, queries, tokenizer):
   params, ref = base
   cfg = ablation(base_cfg, "w/o contextual encoding")
-  iso, _ = pack_for_config(queries, tokenizer, PACK, cfg)
+  iso, _ = pack_for_model(queries, tokenizer, PACK, cfg.contextual_encoding)
   # Same graph layout and passage structure...
   for key in ("node_passage", "node_sentence", "node_mask"):
     np.testing.assert_array_equal(getattr(iso, key), getattr(batch, key), err_msg=key)

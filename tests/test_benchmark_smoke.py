@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-from logrerank_jax import benchmarking as bm
+from benchmarks import suites as bm
 from logrerank_jax.data.packing import PackingConfig, pack_queries
 from logrerank_jax.errors import ConfigError, DataError
 from logrerank_jax.models import log_reranker as lr
@@ -87,7 +87,7 @@ def test_pipeline_suite_tiny(pools, tokenizer):
   # fused=False: the engine already runs the one-jit forward; skipping it saves a compilation.
   out = bm.pipeline_suite(pools, tokenizer, "tiny", fused=False, log=lambda _: None)
   assert "log_fused" not in out
-  for k in ("split", "pack", "host", "encoder", "graph", "gat", "log_staged", "ce", "engine"):
+  for k in ("split", "pack", "host", "encoder", "global", "log_staged", "ce", "engine"):
     assert out[k]["n"] == len(pools) and 0 < out[k]["p50"] <= out[k]["p95"], k
   assert out["log_vs_ce_p50"] > 0 and out["engine_vs_ce_p50"] > 0
   assert sum(out["time_split"].values()) == pytest.approx(1.0)

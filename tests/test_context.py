@@ -5,7 +5,7 @@ import jraph
 import numpy as np
 import pytest
 
-from logrerank_jax.context import build_context
+from logrerank_jax.graph.context import build_context
 from logrerank_jax.errors import ConfigError, DataError
 from logrerank_jax.graph.build import GraphBuildConfig, build_sentence_graph
 

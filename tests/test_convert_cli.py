@@ -16,13 +16,14 @@ import torch
 import transformers
 
 import torch_reference as tr
+from logrerank_jax.data.packing import pack_for_model
 from logrerank_jax.convert import load_torch_state_dict, modernbert_params_from_torch
 from logrerank_jax.data.inference_input import parse_inference_record
 from logrerank_jax.data.packing import QueryInput
 from logrerank_jax.data.tokenization import train_wordpiece_tokenizer
 from logrerank_jax.inference import default_packing_config
 from logrerank_jax.models.config_io import load_log_config, save_log_config
-from logrerank_jax.models.log_reranker import LoGConfig, pack_for_config
+from logrerank_jax.models.log_reranker import LoGConfig
 from logrerank_jax.models.modernbert import ModernBertConfig, ModernBertSequenceClassifier
 
 transformers.logging.set_verbosity_error()
@@ -100,8 +101,8 @@ def test_convert_then_rerank_matches_torch_reference(work, model_dir):
   recs = [parse_inference_record(r) for r in work["records"]]
   packing = dataclasses.replace(default_packing_config(cfg, ROW_LEN),
                                 query_buckets=(QUERIES_PER_BATCH,))
-  batch, _ = pack_for_config([QueryInput(r.query, r.sentence_texts) for r in recs],
-                             work["tokenizer"], packing, cfg)
+  batch, _ = pack_for_model([QueryInput(r.query, r.sentence_texts) for r in recs],
+                             work["tokenizer"], packing, cfg.contextual_encoding)
   ref, _ = tr.reference_forward(work["model"], batch, cfg)
   sig = lambda x: 1.0 / (1.0 + np.exp(-x.astype(np.float64)))  # noqa: E731
   n_slots = batch.node_mask.shape[1]

@@ -10,6 +10,7 @@ import torch
 import transformers
 
 import torch_reference as tr
+from logrerank_jax.data.packing import pack_for_model
 from logrerank_jax.convert import (apply_rename_table, load_torch_state_dict, log_key_table,
                                    log_params_from_torch, log_params_to_torch, parse_rename_table)
 from logrerank_jax.data.packing import PackingConfig, QueryInput
@@ -18,7 +19,7 @@ from logrerank_jax.data.tokenization import train_wordpiece_tokenizer
 from logrerank_jax.errors import CheckpointError, ConfigError
 from logrerank_jax.graph.build import SIMILARITY_EDGE_TYPE
 from logrerank_jax.models.log_reranker import (LoGConfig, ablation, device_batch, init_params,
-                                               log_forward, pack_for_config)
+                                               log_forward)
 
 transformers.logging.set_verbosity_error()
 
@@ -46,7 +47,7 @@ def setup(scifact_records):
   queries = [QueryInput(scifact_records[1]["input"], passages[1:4]),
              QueryInput(scifact_records[6]["input"], passages[6:8])]
   cfg = _tiny_cfg(len(tokenizer))
-  batch, _ = pack_for_config(queries, tokenizer, PACK, cfg)
+  batch, _ = pack_for_model(queries, tokenizer, PACK, cfg.contextual_encoding)
   return dict(tokenizer=tokenizer, queries=queries, cfg=cfg, batch=batch)
 
 

@@ -99,7 +99,7 @@ def test_cross_encoder_matches_torch(run):
   import torch
 
   tmp, _, pools, _, torch_model = run
-  ce = baselines.CrossEncoder.from_hf_dir(str(tmp / "ce"), max_len=256, batch_size=4)
+  ce = baselines.CrossEncoder.from_pretrained(str(tmp / "ce"), max_len=256, batch_size=4)
   pairs = [(p["input"], baselines.passage_string(c)) for p in pools[:2] for c in p["ctxs"]]
   ours = ce.score_pairs(pairs)
   enc = ce.tokenizer([q for q, _ in pairs], [d for _, d in pairs], truncation="longest_first",

@@ -34,7 +34,7 @@ def make_pools(pool_size=4, limit=5):
 def make_tiny_model(directory, pools, seed=0):
   """Save a randomly initialised tiny LoG model folder (tokenizer trained on the pools' text)."""
   from logrerank_jax.data.tokenization import train_wordpiece_tokenizer
-  from logrerank_jax.training.export import save_model
+  from logrerank_jax.models.model_folder import save_model
 
   texts = [p["input"] for p in pools] + [c["text"] for p in pools for c in p["ctxs"]]
   tok = train_wordpiece_tokenizer(texts, 600)

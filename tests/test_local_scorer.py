@@ -12,9 +12,9 @@ from logrerank_jax.data.packing import PackingConfig, QueryInput, pack_queries
 from logrerank_jax.data.sentences import split_sentences
 from logrerank_jax.data.tokenization import train_wordpiece_tokenizer
 from logrerank_jax.errors import ConfigError
-from logrerank_jax.models.local_scorer import (LocalScorer, count_local_params, pool_spans,
+from logrerank_jax.models.local_scorer import (LocalScorer, pool_spans,
                                                score_batch, spans_to_nodes)
-from logrerank_jax.models.log_reranker import LoGConfig
+from logrerank_jax.models.log_reranker import LoGConfig, count_params
 from logrerank_jax.models.modernbert import ModernBertEncoder
 
 # Small rows so several (query, passage) sequences share a row and long passages get windows.
@@ -195,11 +195,11 @@ def test_bf16_compute_keeps_float32_scores(cfg, params, packed):
 
 def test_paper_local_param_count_matches_table10():
   """eval_shape count: encoder 149.01M and local total 149.85M (Table 10), within 2 %."""
-  counts = count_local_params(LoGConfig.paper().local_scorer_config)
+  counts = count_params(LoGConfig.paper())
   assert abs(counts["encoder"] / 149.01e6 - 1) < 0.02, counts
-  assert abs(counts["total"] / 149.85e6 - 1) < 0.02, counts
-  assert counts["total"] == counts["encoder"] + counts["heads"]
-  assert 0.7e6 < counts["heads"] < 1.0e6, counts
+  assert abs(counts["local"] / 149.85e6 - 1) < 0.02, counts
+  assert counts["local"] == counts["encoder"] + counts["local_heads"]
+  assert 0.7e6 < counts["local_heads"] < 1.0e6, counts
 
 
 @pytest.mark.parametrize("field", ["intent_hidden", "role_hidden", "g_dim", "local_hidden"],

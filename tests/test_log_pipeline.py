@@ -8,12 +8,13 @@ import jax
 import numpy as np
 import pytest
 
+from logrerank_jax.data.packing import pack_for_model
+from logrerank_jax.graph.context import log_context
 from logrerank_jax.data.packing import PackingConfig, QueryInput
 from logrerank_jax.data.sentences import split_sentences
 from logrerank_jax.data.tokenization import train_wordpiece_tokenizer
 from logrerank_jax.errors import ConfigError
-from logrerank_jax.models.log_reranker import (LoGConfig, count_params, device_batch, init_params,
-                                               log_context, log_forward, pack_for_config)
+from logrerank_jax.models.log_reranker import (LoGConfig, count_params, device_batch, init_params, log_forward)
 
 PACK = PackingConfig(row_len=256, row_buckets=(8, 16), span_buckets=(64, 128), node_buckets=(32,),
                      query_buckets=(2,), max_query_tokens=48)
@@ -30,7 +31,7 @@ def run(scifact_records):
   queries = [QueryInput(scifact_records[1]["input"], passages[1:4]),
              QueryInput(scifact_records[6]["input"], passages[6:8])]
   cfg = LoGConfig.tiny(vocab_size=len(tokenizer))
-  batch, info = pack_for_config(queries, tokenizer, PACK, cfg)
+  batch, info = pack_for_model(queries, tokenizer, PACK, cfg.contextual_encoding)
   params = init_params(cfg, batch, jax.random.PRNGKey(13))
   forward = jax.jit(log_forward, static_argnames=("cfg", "deterministic", "freeze_local"))
   out = forward(params, device_batch(batch), cfg)

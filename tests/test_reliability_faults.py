@@ -39,7 +39,7 @@ for step in range(1, 10000):
 EXPORT_WRITER = """
 import sys, numpy as np
 from logrerank_jax.models.log_reranker import LoGConfig
-from logrerank_jax.training.export import save_model
+from logrerank_jax.models.model_folder import save_model
 cfg = LoGConfig.tiny(vocab_size=64)
 for step in range(1, 10000):
   save_model(sys.argv[1], {"local": {"w": np.full((512, 512), step, np.float32)}}, cfg, None,
@@ -98,7 +98,7 @@ def test_stale_checkpoint_temp_dir_is_invisible(tmp_path):
 
 
 def test_kill_during_model_export_keeps_a_loadable_model(tmp_path):
-  from logrerank_jax.training.export import load_model
+  from logrerank_jax.models.model_folder import load_model
   target = tmp_path / "model"
   announced = kill_after(EXPORT_WRITER, target, saves=2)
   params, _, _ = load_model(str(target), need_tokenizer=False)
@@ -110,7 +110,7 @@ def test_kill_during_model_export_keeps_a_loadable_model(tmp_path):
 def exported(tmp_path):
   """A model folder holding step-1 params."""
   from logrerank_jax.models.log_reranker import LoGConfig
-  from logrerank_jax.training.export import save_model
+  from logrerank_jax.models.model_folder import save_model
   cfg = LoGConfig.tiny(vocab_size=64)
   target = tmp_path / "model"
   save_model(str(target), {"local": {"w": np.full((3,), 1.0, np.float32)}}, cfg, None, {"step": 1})
@@ -135,7 +135,7 @@ def _leave(target, stage):
 @pytest.mark.parametrize("stage", ["while-writing-temp", "between-renames", "while-deleting-old"],
                          ids=["while-writing-temp", "between-renames", "while-deleting-old"])
 def test_interrupted_export_leaves_previous_model_and_next_save_works(exported, stage):
-  from logrerank_jax.training.export import load_model, save_model
+  from logrerank_jax.models.model_folder import load_model, save_model
   target, cfg = exported
   _leave(target, stage)
   params, loaded_cfg, _ = load_model(str(target), need_tokenizer=False)
@@ -262,7 +262,7 @@ class _Payload:
                          ids=["orbax-metadata", "orbax-manifest", "tokenizer", "info-json"])
 def test_pickle_planted_in_model_folder_is_refused_and_never_runs(two_models, tmp_path, where):
   """The model-folder loader reads orbax/JSON only: a pickle in its place is a named error."""
-  from logrerank_jax.training.export import load_model, read_info
+  from logrerank_jax.models.model_folder import load_model, read_info
   model, _, _ = two_models
   folder = tmp_path / "m"
   shutil.copytree(model, folder)

@@ -497,7 +497,7 @@ def tiny_model(tmp_path_factory):
                          ids=[c[0] for c in MODEL_CONFIG_BAD])
 def test_model_config_bad_keys_are_named(tmp_path, tiny_model, edit, needle):
   import shutil
-  from logrerank_jax.training.export import load_model
+  from logrerank_jax.models.model_folder import load_model
   folder = tmp_path / "m"
   shutil.copytree(tiny_model, folder)
   path = folder / "model_config.json"
@@ -516,7 +516,7 @@ def test_model_config_bad_keys_are_named(tmp_path, tiny_model, edit, needle):
                          ids=["no-params", "no-config", "no-tokenizer"])
 def test_incomplete_model_folder_is_named(tmp_path, tiny_model, remove):
   import shutil
-  from logrerank_jax.training.export import load_model
+  from logrerank_jax.models.model_folder import load_model
   folder = tmp_path / "m"
   shutil.copytree(tiny_model, folder)
   target = folder / remove

@@ -199,7 +199,7 @@ def test_feature_cache_equals_recompute_and_loss_falls(data, tmp_path):
 
 def test_nan_loss_stops_with_step_and_keeps_checkpoint(data, tmp_path, monkeypatch):
   import jax.numpy as jnp
-  from logrerank_jax.training import trainer
+  from logrerank_jax.training import stages, trainer
   from logrerank_jax.training.checkpoints import Checkpointer
   import importlib.util
   spec = importlib.util.spec_from_file_location("local_stage", ROOT / "configs" / "local_stage.py")
@@ -212,7 +212,7 @@ def test_nan_loss_stops_with_step_and_keeps_checkpoint(data, tmp_path, monkeypat
   config.progress_bar = False
   trainer.train_and_evaluate(config, str(tmp_path / "wd"))
   config.max_steps = 8
-  monkeypatch.setattr(trainer.losses, "listwise_rank_loss", lambda *a, **k: jnp.float32(jnp.nan))
+  monkeypatch.setattr(stages.losses, "listwise_rank_loss", lambda *a, **k: jnp.float32(jnp.nan))
   with pytest.raises(trainer.TrainingDivergedError, match="micro-step 5"):
     trainer.train_and_evaluate(config, str(tmp_path / "wd"))
   assert Checkpointer(str(tmp_path / "wd")).latest_step() == 4

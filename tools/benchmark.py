@@ -5,7 +5,7 @@
   python tools/benchmark.py --suite encoder,pipeline --size base --dtype bfloat16 \
       --data ../shared/data/scholarqabench --passages 50 --json gpu.json      # on a GPU
 
-Suites: encoder, pipeline, packing, recompile, cache, params (see logrerank_jax/benchmarking.py).
+Suites: encoder, pipeline, packing, recompile, cache, params (see benchmarks/).
 Thread counts are fixed before JAX and torch start: the process CPU affinity (which bounds XLA's
 CPU thread pool) and torch.set_num_threads both get --threads; both are recorded in the JSON.
 """
@@ -75,7 +75,7 @@ def main(argv=None):
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   sys.path.insert(0, str(REPO))
-  from logrerank_jax import benchmarking as bm  # pylint: disable=g-import-not-at-top
+  from benchmarks import suites as bm  # pylint: disable=g-import-not-at-top
 
   start = time.perf_counter()
   fine = tuple(range(1, 17)) + tuple(range(20, 129, 4))

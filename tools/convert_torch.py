@@ -208,7 +208,7 @@ def convert_log_checkpoint(checkpoint: str, config_path: str, tokenizer_dir: str
   """
   from logrerank_jax.data.tokenization import load_tokenizer
   from logrerank_jax.models.config_io import load_log_config
-  from logrerank_jax.training.export import save_model
+  from logrerank_jax.models.model_folder import save_model
   cfg = load_log_config(config_path)
   tokenizer = load_tokenizer(tokenizer_dir)
   if len(tokenizer) > cfg.local.encoder.vocab_size:
@@ -247,7 +247,7 @@ def export_to_torch(model_dir: str, output: str, rename=None, overwrite: bool = 
   import numpy as np
   import safetensors.numpy
   from logrerank_jax.models.config_io import save_log_config
-  from logrerank_jax.training.export import load_model
+  from logrerank_jax.models.model_folder import load_model
   if not os.path.isfile(os.path.join(model_dir, "model_config.json")) and os.path.isfile(
       os.path.join(model_dir, "model", "model_config.json")):
     model_dir = os.path.join(model_dir, "model")

@@ -111,7 +111,7 @@ def main(argv=None) -> int:
     systems = {"bm25": {qid: dict(zip(ids, baselines.bm25_scores(q, ctxs)))
                         for qid, q, ctxs, ids, _ in pools}}
     if args.cross_encoder:
-      ce = baselines.CrossEncoder.from_hf_dir(args.cross_encoder, max_len=args.ce_max_len,
+      ce = baselines.CrossEncoder.from_pretrained(args.cross_encoder, max_len=args.ce_max_len,
                                               batch_size=args.ce_batch_size)
       systems["cross-encoder"] = {qid: dict(zip(ids, baselines.cross_encoder_scores(ce, q, ctxs)))
                                   for qid, q, ctxs, ids, _ in pools}

@@ -99,7 +99,7 @@ def main(argv=None) -> int:
   if reranker.local_only:
     print("rerank: note: the model has no global (GAT) params (a local-stage export); "
           "scores are the local ones and global_score is null", file=sys.stderr)
-  results = reranker.rerank_lines(lines, progress=not args.no_progress and len(lines) > 1)
+  results = [r.to_dict() for r in reranker.rerank_lines(lines, progress=not args.no_progress and len(lines) > 1)]
   if args.format == "openscholar":
     objs = [inference.to_openscholar(ln.raw, r) for ln, r in zip(lines, results)]
   else:

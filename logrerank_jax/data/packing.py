@@ -31,8 +31,8 @@ from typing import Optional, Sequence
 import numpy as np
 
 from logrerank_jax.errors import ConfigError, DataError
+from logrerank_jax.schema import SPAN_NONE, SPAN_QUERY, SPAN_SENTENCE  # noqa: F401 (re-exported)
 
-SPAN_NONE, SPAN_QUERY, SPAN_SENTENCE = 0, 1, 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -333,3 +333,43 @@ def pack_queries(queries: Sequence[QueryInput], tokenizer,
       num_sequences=len(sequences), num_rows_used=len(row_items), real_tokens=real,
       computed_tokens=num_r * row_len, row_len=row_len)
   return batch, info
+
+
+def pack_for_model(queries: Sequence[QueryInput], tokenizer, cfg: Optional[PackingConfig] = None,
+                   contextual_encoding: bool = True) -> tuple[PackedBatch, PackInfo]:
+  """Pack queries the way a model encodes them: joint passages, or one sentence per sequence.
+
+  With `contextual_encoding` (the full model) this is `pack_queries` unchanged. Without it (the
+  ablation "w/o contextual encoding", `LoGConfig.contextual_encoding=False`), every sentence is
+  packed as its own one-sentence passage, so each sequence is `[CLS] q [SEP] s_ij [SEP]`; node
+  order is unchanged (sentences stay in passage order), and `node_passage`/`node_sentence` are
+  mapped back to the real passage and sentence indices so the graph's passage structure
+  (adjacency, cross-passage) is the same as in the full model. `PackInfo.passages` is then
+  indexed by [query][sentence-sequence] rather than [query][passage].
+
+  Args:
+    queries: list of `QueryInput`.
+    tokenizer: the fast tokenizer.
+    cfg: packer settings (None = default).
+    contextual_encoding: the model's `LoGConfig.contextual_encoding`.
+
+  Returns:
+    (PackedBatch, PackInfo) as from `pack_queries`.
+  """
+  if contextual_encoding:
+    return pack_queries(queries, tokenizer, cfg)
+  exploded, real = [], []
+  for q in queries:
+    if not isinstance(q, QueryInput):
+      return pack_queries(queries, tokenizer, cfg)  # let the packer name the bad record
+    exploded.append(QueryInput(q.query, [[s] for p in q.passages for s in p]))
+    real.append([(pi, si) for pi, p in enumerate(q.passages) for si in range(len(p))])
+  batch, info = pack_queries(exploded, tokenizer, cfg)
+  node_passage = np.array(batch.node_passage)
+  node_sentence = np.array(batch.node_sentence)
+  for qi, nodes in enumerate(real):
+    if nodes:
+      arr = np.asarray(nodes, np.int32)  # [n_q, 2]
+      node_passage[qi, :len(nodes)] = arr[:, 0]
+      node_sentence[qi, :len(nodes)] = arr[:, 1]
+  return dataclasses.replace(batch, node_passage=node_passage, node_sentence=node_sentence), info

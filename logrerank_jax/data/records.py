@@ -26,8 +26,8 @@ import os
 from typing import Any, Optional
 
 from logrerank_jax.errors import DataError
+from logrerank_jax.schema import NUM_ROLES
 
-ROLE_NAMES = ("background", "method", "result")
 ROLE_SUM_TOL = 1e-4
 # Violation classes, in the order the report lists them.
 VIOLATIONS = (
@@ -157,10 +157,10 @@ def _check_ranks(ranks: list, where: str, what: str, probs: _Problems):
 def _check_role(v: Any, where: str, probs: _Problems):
   """Check that `v` is a distribution over the three roles."""
   if not isinstance(v, list):
-    probs.add("wrong_type", f"{where}.role: expected a list of 3 numbers, got {_type_name(v)}")
+    probs.add("wrong_type", f"{where}.role: expected a list of {NUM_ROLES} numbers, got {_type_name(v)}")
     return
-  if len(v) != 3:
-    probs.add("role_not_simplex", f"{where}.role: expected 3 probabilities, got {len(v)}")
+  if len(v) != NUM_ROLES:
+    probs.add("role_not_simplex", f"{where}.role: expected {NUM_ROLES} probabilities, got {len(v)}")
     return
   if not all(isinstance(p, (int, float)) and not isinstance(p, bool) for p in v):
     probs.add("wrong_type", f"{where}.role: expected numbers, got {[_type_name(p) for p in v]}")

@@ -15,13 +15,11 @@ import jax.numpy as jnp
 import jraph
 
 from logrerank_jax.errors import ConfigError, DataError
+from logrerank_jax.schema import NUM_EDGE_TYPES, NUM_ROLES, SIMILARITY_EDGE_TYPE
 
 __all__ = ["GraphBuildConfig", "NUM_EDGE_TYPES", "SIMILARITY_EDGE_TYPE", "build_sentence_graph",
            "edge_type", "edge_slots_per_query"]
 
-NUM_EDGE_TYPES = 8
-SIMILARITY_EDGE_TYPE = 7
-NUM_ROLES = 3
 _NORM_EPS = 1e-12  # zero vectors get cosine 0 instead of NaN
 
 

@@ -51,8 +51,8 @@ import jraph
 import numpy as np
 
 from logrerank_jax.errors import ConfigError, DataError
+from logrerank_jax.schema import NUM_EDGE_TYPES, NUM_ROLES
 
-NUM_ROLES = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +69,7 @@ class GraphRerankerConfig:
   d_model: int = 256               # d_g
   num_layers: int = 2
   num_heads: int = 4
-  num_edge_types: int = 8          # C3 NUM_EDGE_TYPES
+  num_edge_types: int = NUM_EDGE_TYPES
   relation_dim: int = 64
   ffn_dim: int = 1024
   mlp_hidden: int = 384

@@ -32,8 +32,8 @@ Ablations (flags of `LocalScorerConfig`):
   * `use_intent_head=False` ("w/o intent head"): the intent MLP does not exist; gamma = 1/3.
   * "w/o contextual encoding" (each sentence encoded alone as `[CLS] q [SEP] s_ij [SEP]`) changes
     only what the scorer is fed, not the scorer: it is `LoGConfig.contextual_encoding=False`,
-    wired by `logrerank_jax.models.log_reranker.pack_for_config`, which packs every sentence as
-    its own one-sentence passage and restores the real passage/sentence indices of the nodes.
+    wired by `logrerank_jax.data.packing.pack_for_model`, which packs every sentence as its own
+    one-sentence passage and restores the real passage/sentence indices of the nodes.
 """
 
 import dataclasses
@@ -44,14 +44,9 @@ import jax
 import jax.numpy as jnp
 
 from logrerank_jax.errors import ConfigError
+from logrerank_jax.schema import NUM_ROLES, SPAN_SENTENCE, TOKEN_KEYS
 from logrerank_jax.models.modernbert import ModernBertConfig, ModernBertEncoder
 
-NUM_ROLES = 3
-SPAN_NONE, SPAN_QUERY, SPAN_SENTENCE = 0, 1, 2
-
-# Token-side arrays of a packed batch (contract C5) that the scorer reads.
-TOKEN_KEYS = ("input_ids", "attention_mask", "segment_ids", "position_ids", "span_ids")
-SPAN_KEYS = ("span_kind", "span_query", "span_node")
 # Per-span outputs that are scattered to graph nodes.
 NODE_OUTPUT_KEYS = ("h", "h_query", "role_logits", "role_probs", "intent_probs", "local_logit",
                     "local_score")
@@ -221,27 +216,3 @@ def spans_to_nodes(span_out: Mapping[str, jax.Array], span_node, num_nodes: int
     v = span_out[k]
     out[k] = jnp.zeros((num_nodes,) + v.shape[1:], v.dtype).at[idx].set(v, mode="drop")
   return out
-
-
-def count_local_params(cfg: LocalScorerConfig) -> Dict[str, int]:
-  """Count the scorer's params by submodule via `jax.eval_shape` (nothing is allocated).
-
-  Args:
-    cfg: the scorer config.
-
-  Returns:
-    {"encoder": n, "heads": n, "total": n}.
-  """
-  r, l = 1, 8  # any small shape: param shapes do not depend on it
-  ids = jnp.zeros((r, l), jnp.int32)
-  kinds = jnp.array([0, 1, 2, 2], jnp.int32)
-  query = jnp.array([0, 0, 1, 1], jnp.int32)
-
-  def init():
-    return LocalScorer(cfg).init(jax.random.PRNGKey(0), ids, ids + 1, ids + 1, ids, ids, kinds,
-                                 query)["params"]
-
-  shapes = jax.eval_shape(init)
-  n_enc = sum(int(x.size) for x in jax.tree_util.tree_leaves(shapes["encoder"]))
-  n_all = sum(int(x.size) for x in jax.tree_util.tree_leaves(shapes))
-  return {"encoder": n_enc, "heads": n_all - n_enc, "total": n_all}

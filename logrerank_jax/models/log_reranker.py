@@ -8,7 +8,7 @@ resolved configs actually used (`cfg.local_scorer_config`, `cfg.graph_build_conf
 
 What each switch does (and nothing else):
   contextual_encoding=False   "w/o contextual encoding": every sentence is packed as its own
-                              sequence `[CLS] q [SEP] s_ij [SEP]` (`pack_for_config`); the graph
+                              sequence `[CLS] q [SEP] s_ij [SEP]` (`logrerank_jax.data.packing.pack_for_model`); the graph
                               keeps the real passage/sentence indices.
   use_role_head=False         "w/o role head": no role MLP; r = 1/3 (see local_scorer.py); the
                               graph sees role 0 everywhere; role-KL weight becomes 0.
@@ -36,12 +36,10 @@ import numpy as np
 from logrerank_jax.errors import ConfigError
 from logrerank_jax.graph.build import GraphBuildConfig, build_sentence_graph
 from logrerank_jax.models.graph_reranker import GraphReranker, GraphRerankerConfig
-from logrerank_jax.models.local_scorer import (NUM_ROLES, SPAN_KEYS, TOKEN_KEYS, LocalScorer,
-                                               LocalScorerConfig, spans_to_nodes)
+from logrerank_jax.models.local_scorer import LocalScorer, LocalScorerConfig, spans_to_nodes
 from logrerank_jax.models.modernbert import ModernBertConfig
-
-# Graph-layout arrays of a packed batch that the full model reads.
-NODE_KEYS = ("node_passage", "node_mask")
+from logrerank_jax.schema import (MODEL_KEYS, NUM_ROLES, SPAN_NONE, SPAN_QUERY, SPAN_SENTENCE,
+                                  TOKEN_KEYS)
 
 # HF config of ModernBERT-base / gte-reranker-modernbert-base (the paper's local encoder).
 MODERNBERT_BASE_HF = {
@@ -224,19 +222,81 @@ def device_batch(batch) -> Dict[str, jax.Array]:
     Dict of int32/bool jnp arrays: the token arrays, span table and `node_passage`/`node_mask`.
   """
   get = batch.__getitem__ if isinstance(batch, Mapping) else lambda k: getattr(batch, k)
-  out = {k: jnp.asarray(get(k), jnp.int32) for k in TOKEN_KEYS + SPAN_KEYS + ("node_passage",)}
+  out = {k: jnp.asarray(get(k), jnp.int32) for k in MODEL_KEYS if k != "node_mask"}
   out["node_mask"] = jnp.asarray(get("node_mask"), bool)
   return out
 
 
+# Per-node outputs of the local stage, in the [Q, N, ...] layout of a batch's node arrays.
+LOCAL_NODE_KEYS = ("h", "h_query", "role_logits", "role_probs", "intent_probs", "local_logit",
+                   "local_score")
+
+
 class LoGReranker(nn.Module):
-  """Local scorer -> sentence graph -> global GAT in one module (one jittable call)."""
+  """Local scorer -> sentence graph -> global GAT: the one forward, with named entry points.
+
+  Every caller (trainer, inference, benchmarks, parameter counting) runs the model through
+  these methods, so the forward has one home:
+
+    local_nodes(batch)                      local stage: per-node features [Q, N, ...]
+    global_logits(features, node_passage, node_mask)
+                                            global stage: graph build + GAT -> logits [Q, N]
+    __call__(batch)                         both, composed (the full model)
+
+  Param tree: {"local": LocalScorer params, "global": GraphReranker params}; an entry point
+  only reads the subtree it uses, so a local-stage model has no "global" params and the global
+  stage trains "global" alone (`apply(..., method="global_logits")`).
+  """
   cfg: LoGConfig
 
-  @nn.compact
+  def setup(self):
+    self.local = LocalScorer(self.cfg.local_scorer_config)
+    if self.cfg.use_global:
+      self.gat = GraphReranker(self.cfg.graph_reranker_config, name="global")
+
+  def local_nodes(self, batch: Mapping[str, jax.Array], deterministic: bool = True
+                  ) -> Dict[str, jax.Array]:
+    """Local stage (eq 1-6) on a packed batch: per-node outputs in the batch's node layout.
+
+    Args:
+      batch: `device_batch(...)` output (token arrays [R, L], span table [S], node arrays [Q, N]).
+      deterministic: False enables dropout (needs a "dropout" rng).
+
+    Returns:
+      `LOCAL_NODE_KEYS` arrays, float32: `h`/`h_query` [Q, N, d], `role_logits`/`role_probs`/
+      `intent_probs` [Q, N, 3], `local_logit`/`local_score` [Q, N]; padding nodes hold zeros.
+    """
+    q, n = batch["node_mask"].shape
+    span_out = self.local(*[batch[k] for k in TOKEN_KEYS], batch["span_kind"],
+                          batch["span_query"], deterministic=deterministic)
+    flat = spans_to_nodes(span_out, batch["span_node"], q * n)  # each [Q*N, ...]
+    return {k: v.reshape((q, n) + v.shape[1:]) for k, v in flat.items()}
+
+  def global_logits(self, features: Mapping[str, jax.Array], node_passage: jax.Array,
+                    node_mask: jax.Array, deterministic: bool = True):
+    """Global stage (eq 7-16): build the typed sentence graph and run the GAT.
+
+    Args:
+      features: local outputs [Q, N, ...] with at least `h`, `role_probs`, `local_score` (from
+        `local_nodes`, or read back from the feature cache).
+      node_passage: [Q, N] int32 passage index of each node (-1 padding).
+      node_mask: [Q, N] bool.
+      deterministic: False enables dropout (needs a "dropout" rng).
+
+    Returns:
+      `(logits [Q, N] float32, zero on padding; graph)` where graph is the C3 GraphsTuple.
+    """
+    q, n = node_mask.shape
+    h, roles, z = features["h"], features["role_probs"], features["local_score"]
+    graph = build_sentence_graph(h, roles, z, node_passage, node_mask, self.cfg.graph_build_config)
+    logit = self.gat(h.reshape(q * n, -1), roles.reshape(q * n, NUM_ROLES), z.reshape(q * n),
+                     graph, deterministic=deterministic)
+    logit = jnp.where(node_mask, logit.astype(jnp.float32).reshape(q, n), 0.0)
+    return logit, graph
+
   def __call__(self, batch: Mapping[str, jax.Array], deterministic: bool = True,
                freeze_local: bool = False) -> Dict[str, Any]:
-    """Score every sentence node of a packed batch.
+    """Score every sentence node of a packed batch (local, then global when `use_global`).
 
     Args:
       batch: `device_batch(...)` output (token arrays [R, L], span table [S], node arrays [Q, N]).
@@ -249,33 +309,50 @@ class LoGReranker(nn.Module):
       `node_mask` [Q*N] bool, `graph` (the C3 GraphsTuple); plus `global_logit`/`global_score`
       when the global stage is on (else final = local). Padding nodes hold zeros.
     """
-    cfg = self.cfg
     q, n = batch["node_mask"].shape
-    span_out = LocalScorer(cfg.local_scorer_config, name="local")(
-        *[batch[k] for k in TOKEN_KEYS], batch["span_kind"], batch["span_query"],
-        deterministic=deterministic)
-    nodes = spans_to_nodes(span_out, batch["span_node"], q * n)  # each [Q*N, ...]
+    nodes = self.local_nodes(batch, deterministic)
     if freeze_local:
       nodes = jax.lax.stop_gradient(nodes)
-    node_mask = batch["node_mask"].reshape(q * n)  # [Q*N]
-    h = nodes["h"]  # [Q*N, d]
-    graph = build_sentence_graph(
-        h.reshape(q, n, -1), nodes["role_probs"].reshape(q, n, NUM_ROLES),
-        nodes["local_score"].reshape(q, n), batch["node_passage"], batch["node_mask"],
-        cfg.graph_build_config)
-    out = dict(nodes)
-    out["node_mask"] = node_mask
+    node_mask = batch["node_mask"]
+    if self.cfg.use_global:
+      glogit, graph = self.global_logits(nodes, batch["node_passage"], node_mask, deterministic)
+    else:
+      # The graph is still built: the structured context expands over it.
+      glogit, graph = None, build_sentence_graph(
+          nodes["h"], nodes["role_probs"], nodes["local_score"], batch["node_passage"],
+          node_mask, self.cfg.graph_build_config)
+    out = {k: v.reshape((q * n,) + v.shape[2:]) for k, v in nodes.items()}
+    out["node_mask"] = node_mask.reshape(q * n)
     out["graph"] = graph
-    if cfg.use_global:
-      glogit = GraphReranker(cfg.graph_reranker_config, name="global")(
-          h, nodes["role_probs"], nodes["local_score"], graph, deterministic=deterministic)
-      glogit = jnp.where(node_mask, glogit.astype(jnp.float32), 0.0)  # [Q*N]
-      out["global_logit"] = glogit
-      out["global_score"] = jnp.where(node_mask, jax.nn.sigmoid(glogit), 0.0)
+    if glogit is not None:
+      out["global_logit"] = glogit.reshape(q * n)
+      out["global_score"] = jnp.where(out["node_mask"], jax.nn.sigmoid(out["global_logit"]), 0.0)
       out["final_logit"], out["final_score"] = out["global_logit"], out["global_score"]
     else:
-      out["final_logit"], out["final_score"] = nodes["local_logit"], nodes["local_score"]
+      out["final_logit"], out["final_score"] = out["local_logit"], out["local_score"]
     return out
+
+
+def example_batch(num_rows: int = 1, row_len: int = 8, num_queries: int = 1, num_nodes: int = 2
+                  ) -> Dict[str, jax.Array]:
+  """A minimal valid `device_batch` (one query span, two sentence spans): for shapes only.
+
+  Param shapes do not depend on batch shapes, so this is what `param_shapes` traces `init` on.
+  """
+  ex = {k: jnp.zeros((num_rows, row_len), jnp.int32) for k in TOKEN_KEYS}
+  ex["attention_mask"] = ex["segment_ids"] = jnp.ones((num_rows, row_len), jnp.int32)
+  ex["span_kind"] = jnp.array([SPAN_NONE, SPAN_QUERY, SPAN_SENTENCE, SPAN_SENTENCE], jnp.int32)
+  ex["span_query"] = jnp.array([0, 0, 1, 1], jnp.int32)
+  ex["span_node"] = jnp.array([-1, -1, 0, 1], jnp.int32)
+  ex["node_passage"] = jnp.zeros((num_queries, num_nodes), jnp.int32)
+  ex["node_mask"] = jnp.ones((num_queries, num_nodes), bool)
+  return ex
+
+
+def param_shapes(cfg: LoGConfig) -> Dict[str, Any]:
+  """The param tree `init_params` would build, as `jax.ShapeDtypeStruct`s (nothing allocated)."""
+  return jax.eval_shape(lambda k: LoGReranker(cfg).init(k, example_batch())["params"],
+                        jax.random.PRNGKey(0))
 
 
 def init_params(cfg: LoGConfig, batch, rng) -> Dict[str, Any]:
@@ -314,7 +391,7 @@ def log_forward(params, batch, cfg: LoGConfig, deterministic: bool = True,
 
 
 def count_params(cfg: LoGConfig) -> Dict[str, int]:
-  """Parameter counts via `jax.eval_shape` (nothing is allocated).
+  """Parameter counts from `param_shapes` (nothing is allocated).
 
   Args:
     cfg: model config.
@@ -322,15 +399,7 @@ def count_params(cfg: LoGConfig) -> Dict[str, int]:
   Returns:
     {"encoder", "local_heads", "local", "global", "total"} in parameters.
   """
-  r, l, q, n = 1, 8, 1, 2  # any small example: param shapes do not depend on it
-  ex = {k: jnp.zeros((r, l), jnp.int32) for k in TOKEN_KEYS}
-  ex["attention_mask"] = ex["segment_ids"] = jnp.ones((r, l), jnp.int32)
-  ex["span_kind"] = jnp.array([0, 1, 2, 2], jnp.int32)
-  ex["span_query"] = jnp.array([0, 0, 1, 1], jnp.int32)
-  ex["span_node"] = jnp.array([-1, -1, 0, 1], jnp.int32)
-  ex["node_passage"] = jnp.zeros((q, n), jnp.int32)
-  ex["node_mask"] = jnp.ones((q, n), bool)
-  shapes = jax.eval_shape(lambda: LoGReranker(cfg).init(jax.random.PRNGKey(0), ex)["params"])
+  shapes = param_shapes(cfg)
 
   def size(tree):
     return sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(tree))
@@ -342,64 +411,33 @@ def count_params(cfg: LoGConfig) -> Dict[str, int]:
           "total": local + glob}
 
 
-def pack_for_config(queries, tokenizer, packing_cfg, cfg: LoGConfig):
-  """Pack queries the way `cfg` encodes them (joint passages, or one sentence per sequence).
+def init_stage_params(cfg: LoGConfig, stage: str, features: Mapping[str, jax.Array], rng
+                      ) -> Dict[str, Any]:
+  """Initialise the params one training stage trains: {"local": ...} or {"global": ...}.
 
-  With `cfg.contextual_encoding` this is `pack_queries` unchanged. Without it ("w/o contextual
-  encoding"), every sentence is packed as its own one-sentence passage, so each sequence is
-  `[CLS] q [SEP] s_ij [SEP]`; node order is unchanged (sentences stay in passage order), and
-  `node_passage`/`node_sentence` are mapped back to the real passage and sentence indices so the
-  graph's passage structure (adjacency, cross-passage) is the same as in the full model.
-  `PackInfo.passages` is then indexed by [query][sentence-sequence] rather than [query][passage].
+  Each stage module is initialised on its own (the RNG of `LocalScorer` / `GraphReranker` at
+  the root, as a stage-trained model has always been initialised), so a given seed gives the
+  same initial weights, and runs reproduce earlier runs bit for bit.
 
   Args:
-    queries: list of `QueryInput`.
-    tokenizer: the fast tokenizer.
-    packing_cfg: a `PackingConfig` (None = default).
     cfg: model config.
+    stage: "local" (encoder and heads, from a `device_batch`) or "global" (the GAT, from
+      node features [Q, N, ...] with `h`, `role_probs`, `local_score`, `node_passage`,
+      `node_mask`).
+    features: the example batch (local) or example node features (global).
+    rng: PRNG key.
 
   Returns:
-    (PackedBatch, PackInfo) as from `pack_queries`.
+    The param tree of that stage.
   """
-  from logrerank_jax.data.packing import QueryInput, pack_queries  # host-side, NumPy only
-
-  if cfg.contextual_encoding:
-    return pack_queries(queries, tokenizer, packing_cfg)
-  exploded, real = [], []
-  for q in queries:
-    if not isinstance(q, QueryInput):
-      return pack_queries(queries, tokenizer, packing_cfg)  # let the packer name the bad record
-    exploded.append(QueryInput(q.query, [[s] for p in q.passages for s in p]))
-    real.append([(pi, si) for pi, p in enumerate(q.passages) for si in range(len(p))])
-  batch, info = pack_queries(exploded, tokenizer, packing_cfg)
-  node_passage = np.array(batch.node_passage)
-  node_sentence = np.array(batch.node_sentence)
-  for qi, nodes in enumerate(real):
-    if nodes:
-      arr = np.asarray(nodes, np.int32)  # [n_q, 2]
-      node_passage[qi, :len(nodes)] = arr[:, 0]
-      node_sentence[qi, :len(nodes)] = arr[:, 1]
-  return dataclasses.replace(batch, node_passage=node_passage, node_sentence=node_sentence), info
-
-
-def log_context(outputs: Mapping[str, Any], cfg: LoGConfig) -> list:
-  """Build the structured context units (eq 17-18) of a forward's outputs, host-side.
-
-  Ranks nodes by `final_score` (the global score; the local one under "w/o global") and applies
-  the context switches of `cfg` (adjacency / similarity expansion, flat list).
-
-  Args:
-    outputs: `log_forward` outputs (device or host arrays).
-    cfg: the model config used for the forward.
-
-  Returns:
-    One list of unit dicts per query slot, as `logrerank_jax.context.build_context` returns.
-  """
-  from logrerank_jax.context import build_context  # host-side NumPy formatting
-
-  graph = jax.tree_util.tree_map(np.asarray, outputs["graph"])
-  return build_context(np.asarray(outputs["final_score"]), graph, cfg.context_k,
-                       use_adjacency_expansion=cfg.use_adjacency_expansion,
-                       use_similarity_expansion=cfg.use_similarity_expansion,
-                       num_similar=cfg.num_similar, role_probs=np.asarray(outputs["role_probs"]),
-                       structured=cfg.structured_context)
+  if stage == "local":
+    return {"local": LocalScorer(cfg.local_scorer_config).init(
+        rng, *[features[k] for k in TOKEN_KEYS], features["span_kind"],
+        features["span_query"])["params"]}
+  q, n = features["node_mask"].shape
+  graph = build_sentence_graph(features["h"], features["role_probs"], features["local_score"],
+                               features["node_passage"], features["node_mask"],
+                               cfg.graph_build_config)
+  return {"global": GraphReranker(cfg.graph_reranker_config).init(
+      rng, features["h"].reshape(q * n, -1), features["role_probs"].reshape(q * n, NUM_ROLES),
+      features["local_score"].reshape(q * n), graph)["params"]}

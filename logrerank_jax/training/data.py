@@ -17,15 +17,10 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from logrerank_jax.data.packing import PackingConfig, QueryInput
+from logrerank_jax.data.packing import PackingConfig, QueryInput, pack_for_model
 from logrerank_jax.data.records import TrainingRecord
 from logrerank_jax.errors import ConfigError
-
-# Arrays of a packed micro-batch that the model reads (C5 names) and the labels added here.
-TOKEN_FIELDS = ("input_ids", "attention_mask", "segment_ids", "position_ids", "span_ids")
-SPAN_FIELDS = ("span_kind", "span_query", "span_node")
-NODE_FIELDS = ("node_passage", "node_mask")
-LABEL_FIELDS = ("sentence_rank", "passage_rank", "role_target")
+from logrerank_jax.schema import MODEL_KEYS, NUM_ROLES, TOKEN_KEYS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +59,7 @@ def _labels(units: Sequence[Unit], node_passage: np.ndarray, node_sentence: np.n
   q, n = node_passage.shape
   sentence_rank = np.zeros((q, n), np.int32)
   passage_rank = np.zeros((q, n), np.int32)
-  role_target = np.zeros((q, n, 3), np.float32)
+  role_target = np.zeros((q, n, NUM_ROLES), np.float32)
   for qi, u in enumerate(units):
     for ni in range(n):
       p, s = int(node_passage[qi, ni]), int(node_sentence[qi, ni])
@@ -76,21 +71,24 @@ def _labels(units: Sequence[Unit], node_passage: np.ndarray, node_sentence: np.n
   return {"sentence_rank": sentence_rank, "passage_rank": passage_rank, "role_target": role_target}
 
 
-def pack_units(units: Sequence[Unit], tokenizer, packing_cfg: PackingConfig, model_cfg) -> Dict[str, np.ndarray]:
+def pack_units(units: Sequence[Unit], tokenizer, packing_cfg: PackingConfig,
+               contextual_encoding: bool = True) -> Dict[str, np.ndarray]:
   """Pack units into one micro-batch: model arrays plus node-layout labels.
 
   Args:
     units: the units of one device's share of a micro-batch.
     tokenizer: fast tokenizer.
     packing_cfg: packer settings.
-    model_cfg: `LoGConfig` (decides joint vs per-sentence encoding).
+    contextual_encoding: the model's `LoGConfig.contextual_encoding` (joint passages, or one
+      sentence per sequence).
 
   Returns:
-    Dict of NumPy arrays: C5 token/span/node arrays, labels, and `real_tokens` [] int64.
+    Dict of NumPy arrays: the model's arrays (`schema.MODEL_KEYS`), the labels
+    (`schema.LABEL_KEYS`), and `real_tokens` [] int64.
   """
-  from logrerank_jax.models.log_reranker import pack_for_config  # pylint: disable=g-import-not-at-top
-  packed, info = pack_for_config([u.query for u in units], tokenizer, packing_cfg, model_cfg)
-  out = {k: np.asarray(getattr(packed, k)) for k in TOKEN_FIELDS + SPAN_FIELDS + NODE_FIELDS}
+  packed, info = pack_for_model([u.query for u in units], tokenizer, packing_cfg,
+                                contextual_encoding)
+  out = {k: np.asarray(getattr(packed, k)) for k in MODEL_KEYS}
   out.update(_labels(units, packed.node_passage, packed.node_sentence))
   out["real_tokens"] = np.asarray(info.real_tokens, np.int64)
   return out
@@ -118,7 +116,7 @@ def pad_batch(batch: Dict[str, np.ndarray], shape: tuple) -> Dict[str, np.ndarra
   if min(r - r0, l - l0, s - s0, q - q0, n - n0) < 0:
     raise ConfigError(f"cannot pad a batch of shape {(r0, l0, s0, q0, n0)} down to {shape}")
   out = {}
-  for k in TOKEN_FIELDS:
+  for k in TOKEN_KEYS:
     out[k] = np.pad(batch[k], ((0, r - r0), (0, l - l0)))
   node = batch["span_node"]
   # A flat index q*N0 + n becomes q*N + n.
@@ -156,12 +154,6 @@ def split_global_batch(units: Sequence, micro_batch_size: int, num_shards: int) 
   return [list(units[i * size:(i + 1) * size]) for i in range(num_shards)]
 
 
-def stack_shards(shards: Sequence[Dict[str, np.ndarray]], shape: tuple) -> Dict[str, np.ndarray]:
-  """Pad every shard to `shape` and stack them on a new leading device axis."""
-  padded = [pad_batch(b, shape) for b in shards]
-  return {k: np.stack([b[k] for b in padded]) for k in padded[0]}
-
-
 def max_shape(shapes: Sequence[tuple]) -> tuple:
   """Return the elementwise maximum of (R, L, S, Q, N) tuples."""
   return tuple(int(x) for x in np.max(np.asarray(shapes), axis=0))
@@ -170,10 +162,10 @@ def max_shape(shapes: Sequence[tuple]) -> tuple:
 def empty_batch(shape: tuple, d_feature: Optional[int] = None) -> Dict[str, np.ndarray]:
   """Return an all-padding micro-batch share of `shape` (a device with no unit this step)."""
   r, l, s, q, n = shape
-  out = {k: np.zeros((r, l), np.int32) for k in TOKEN_FIELDS}
+  out = {k: np.zeros((r, l), np.int32) for k in TOKEN_KEYS}
   out.update(span_kind=np.zeros((s,), np.int32), span_query=np.zeros((s,), np.int32),
              span_node=np.full((s,), -1, np.int32), node_passage=np.full((q, n), -1, np.int32),
              node_mask=np.zeros((q, n), bool), sentence_rank=np.zeros((q, n), np.int32),
-             passage_rank=np.zeros((q, n), np.int32), role_target=np.zeros((q, n, 3), np.float32),
+             passage_rank=np.zeros((q, n), np.int32), role_target=np.zeros((q, n, NUM_ROLES), np.float32),
              real_tokens=np.asarray(0, np.int64))
   return out

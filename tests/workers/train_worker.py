@@ -34,7 +34,7 @@ def main():
   for k, v in spec.get("overrides", {}).items():
     config[k] = v
   from logrerank_jax.training import trainer  # pylint: disable=g-import-not-at-top
-  from logrerank_jax.training.export import load_model  # pylint: disable=g-import-not-at-top
+  from logrerank_jax.models.model_folder import load_model  # pylint: disable=g-import-not-at-top
   summary = trainer.train_and_evaluate(config, spec["workdir"])
   if jax.process_index() == 0 and spec.get("out"):
     # With no validation file the exported model holds the final params of the run.

@@ -4,7 +4,7 @@ import collections
 import dataclasses
 from typing import Any, Sequence
 
-from logrerank_jax.data.records import ROLE_NAMES
+from logrerank_jax.schema import ROLE_NAMES
 from logrerank_jax.data.records import TrainingRecord
 
 # Why a sentence unit was removed, in report order.

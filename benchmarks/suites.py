@@ -32,11 +32,10 @@ from logrerank_jax.data.scholarqabench import read_scholarqabench
 from logrerank_jax.data.sentences import split_sentence_texts
 from logrerank_jax.data.tokenization import train_wordpiece_tokenizer
 from logrerank_jax.errors import ConfigError, DataError, LogRerankError
-from logrerank_jax.graph.build import build_sentence_graph
+import logrerank_jax
+from logrerank_jax import losses
 from logrerank_jax.models import log_reranker as lr
 from logrerank_jax.models import modernbert as mb
-from logrerank_jax.models.graph_reranker import GraphReranker
-from logrerank_jax.models.local_scorer import LocalScorer, spans_to_nodes
 
 # Paper, Table 10 (inference on one GPU, 50 passages per query).
 PAPER_TABLE10 = {"local_params": 149.85e6, "global_params": 2.67e6, "total_params": 152.52e6,
@@ -401,26 +400,16 @@ def encoder_suite(queries: Sequence[QueryInput], tokenizer, size: str, reps: int
 
 
 def _local_nodes(cfg: lr.LoGConfig, params_local, b):
-  """Local scorer on a device batch -> per-node features (flat [Q*N, ...])."""
-  q, n = b["node_mask"].shape
-  span_out = LocalScorer(cfg.local_scorer_config).apply(
-      {"params": params_local}, *[b[k] for k in lr.TOKEN_KEYS], b["span_kind"], b["span_query"],
-      deterministic=True)
-  nodes = spans_to_nodes(span_out, b["span_node"], q * n)
+  """The local stage through the model's entry point: per-node features [Q, N, ...]."""
+  nodes = lr.LoGReranker(cfg).apply({"params": {"local": params_local}}, b, True,
+                                    method=lr.LoGReranker.local_nodes)
   return {k: nodes[k] for k in ("h", "role_probs", "local_score")}
 
 
-def _graph(cfg: lr.LoGConfig, nodes, node_passage, node_mask):
-  q, n = node_mask.shape
-  return build_sentence_graph(nodes["h"].reshape(q, n, -1), nodes["role_probs"].reshape(q, n, 3),
-                              nodes["local_score"].reshape(q, n), node_passage, node_mask,
-                              cfg.graph_build_config)
-
-
-def _gat(cfg: lr.LoGConfig, params_global, nodes, graph):
-  return GraphReranker(cfg.graph_reranker_config).apply(
-      {"params": params_global}, nodes["h"], nodes["role_probs"], nodes["local_score"], graph,
-      deterministic=True)
+def _global_logits(cfg: lr.LoGConfig, params_global, nodes, node_passage, node_mask):
+  """The global stage (graph build + GAT) through the model's entry point: logits [Q, N]."""
+  return lr.LoGReranker(cfg).apply({"params": {"global": params_global}}, nodes, node_passage,
+                                   node_mask, True, method=lr.LoGReranker.global_logits)[0]
 
 
 def pipeline_suite(pools: Sequence[dict], tokenizer, size: str, num_passages: Optional[int] = None,
@@ -446,8 +435,7 @@ def pipeline_suite(pools: Sequence[dict], tokenizer, size: str, num_passages: Op
   ce_params = {"model": params["local"]["encoder"],
                **{k: v for k, v in ce_head.items() if k != "model"}}
   local_fn = jax.jit(lambda p, b: _local_nodes(cfg, p, b))
-  graph_fn = jax.jit(lambda nodes, npass, nmask: _graph(cfg, nodes, npass, nmask))
-  gat_fn = jax.jit(lambda p, nodes, g: _gat(cfg, p, nodes, g))
+  global_fn = jax.jit(lambda p, nodes, npass, nmask: _global_logits(cfg, p, nodes, npass, nmask))
   fused_fn = jax.jit(lambda p, b: lr.log_forward(p, b, cfg)["final_score"])
   ce_model = mb.ModernBertSequenceClassifier(ce_cfg)
 
@@ -482,11 +470,9 @@ def pipeline_suite(pools: Sequence[dict], tokenizer, size: str, num_passages: Op
     t0 = time.perf_counter()
     nodes = _block(local_fn(params["local"], db))
     t1 = time.perf_counter()
-    graph = _block(graph_fn(nodes, db["node_passage"], db["node_mask"]))
-    t2 = time.perf_counter()
-    _block(gat_fn(params["global"], nodes, graph))
+    _block(global_fn(params["global"], nodes, db["node_passage"], db["node_mask"]))
     t3 = time.perf_counter()
-    rec.update(encoder_s=t1 - t0, graph_s=t2 - t1, gat_s=t3 - t2, real_tokens=info.real_tokens,
+    rec.update(encoder_s=t1 - t0, global_s=t3 - t1, real_tokens=info.real_tokens,
                nodes=int(np.sum(np.asarray(db["node_mask"]))))
     rec["log_staged_s"] = rec["host_s"] + t3 - t0
     if fused:
@@ -525,7 +511,7 @@ def pipeline_suite(pools: Sequence[dict], tokenizer, size: str, num_passages: Op
                          "warmup_s": warm, "warmup_compilations": cc.count,
                          "engine_used": ("logrerank_jax.inference.Reranker (key 'engine')"
                                          if reranker else "staged jits + log_forward only")}
-  for key in ("split_s", "pack_s", "host_s", "encoder_s", "graph_s", "gat_s", "log_staged_s",
+  for key in ("split_s", "pack_s", "host_s", "encoder_s", "global_s", "log_staged_s",
               "log_fused_s", "ce_host_s", "ce_device_s", "ce_s", "engine_s"):
     if key in recs[0]:
       out[key[:-2]] = percentiles([r[key] for r in recs])
@@ -534,12 +520,12 @@ def pipeline_suite(pools: Sequence[dict], tokenizer, size: str, num_passages: Op
   out["log_vs_ce_mean"] = out[log_key]["mean"] / out["ce"]["mean"]
   # Without sentence splitting (pre-split corpora, or splits cached across queries).
   out["log_presplit_vs_ce_mean"] = (out[log_key]["mean"] - out["split"]["mean"]) / out["ce"]["mean"]
-  out["log_device_vs_ce_device_mean"] = (sum(out[k]["mean"] for k in ("encoder", "graph", "gat"))
+  out["log_device_vs_ce_device_mean"] = (sum(out[k]["mean"] for k in ("encoder", "global"))
                                          / out["ce_device"]["mean"])
   if reranker is not None:
     out["engine_vs_ce_p50"] = out["engine"]["p50"] / out["ce"]["p50"]
-  total = sum(out[k]["mean"] for k in ("host", "encoder", "graph", "gat"))
-  out["time_split"] = {k: out[k]["mean"] / total for k in ("host", "encoder", "graph", "gat")}
+  total = sum(out[k]["mean"] for k in ("host", "encoder", "global"))
+  out["time_split"] = {k: out[k]["mean"] / total for k in ("host", "encoder", "global")}
   out["log_tok_s"] = out["log_tokens_per_query"] / out[log_key]["mean"]
   mem = device_peak_memory_gb()
   if mem is not None:
@@ -554,7 +540,7 @@ def pipeline_suite(pools: Sequence[dict], tokenizer, size: str, num_passages: Op
 
 def _clear_split_cache():
   """Forget cached sentence splits, so the host-side split is timed for real."""
-  sentences._split_cached.cache_clear()  # pylint: disable=protected-access
+  sentences.clear_cache()
 
 
 def _truncate(pool: dict, k: Optional[int]) -> dict:
@@ -563,9 +549,8 @@ def _truncate(pool: dict, k: Optional[int]) -> dict:
 
 
 def make_reranker(params, cfg: lr.LoGConfig, tokenizer, pcfg: PackingConfig):
-  """The project's inference engine (`logrerank_jax.inference.Reranker`, one query per call)."""
-  from logrerank_jax.inference import Reranker  # pylint: disable=g-import-not-at-top
-  return Reranker(params, cfg, tokenizer, packing=pcfg, queries_per_batch=1)
+  """The project's inference engine (`logrerank_jax.Reranker`, one query per call)."""
+  return logrerank_jax.Reranker(params, cfg, tokenizer, packing=pcfg, queries_per_batch=1)
 
 
 def engine_rerank(reranker, pool: dict, k: Optional[int]) -> dict:
@@ -680,47 +665,68 @@ def recompile_suite(pools: Sequence[dict], tokenizer, size: str, num_queries: in
   return out
 
 
+def _labelled_batch(records, tokenizer, pcfg: PackingConfig, num_nodes: Optional[int] = None):
+  """Pack training records as query graphs, with the per-node labels of the pairwise loss."""
+  queries = [QueryInput(r.question, [[t.text for t in p.sentences] for p in r.passages])
+             for r in records]
+  b, _ = pack_queries(queries, tokenizer, pcfg)
+  db = {k: np.asarray(v) for k, v in lr.device_batch(b).items()}
+  q, n = b.node_mask.shape
+  db["passage_rank"] = np.zeros((q, n), np.int32)
+  db["sentence_rank"] = np.zeros((q, n), np.int32)
+  for qi, r in enumerate(records):
+    for ni in np.flatnonzero(b.node_mask[qi]):
+      p, t = int(b.node_passage[qi, ni]), int(b.node_sentence[qi, ni])
+      db["passage_rank"][qi, ni] = r.passages[p].rank
+      db["sentence_rank"][qi, ni] = r.passages[p].sentences[t].rank
+  return db
+
+
 def cache_suite(train_file: str, tokenizer, size: str, group_size: int = 2, reps: int = 2,
                 limit: Optional[int] = None, log: Callable[[str], None] = print) -> Dict[str, Any]:
   """Global-stage epoch time (loss + grads of the global params) with cached vs recomputed features.
 
-  Both paths use the trainer's own functions (`compute_features`, `feature_batch`,
-  `global_loss_fn`); each batch is padded to one shape so that neither path recompiles.
+  Both paths run the model's entry points: "recomputed" runs `local_nodes` (frozen, no
+  gradient) then `global_logits` every step; "cached" computes `local_nodes` once and runs only
+  `global_logits`. Every batch has one shape, so neither path recompiles.
   """
-  from logrerank_jax.training import data as data_lib  # pylint: disable=g-import-not-at-top
-  from logrerank_jax.training import trainer  # pylint: disable=g-import-not-at-top
-
   records = validate_training_file(train_file)[0][:limit]
-  units = data_lib.query_units(records)
   cfg = log_config(size, len(tokenizer))
-  pcfg = PackingConfig(row_len=row_len_for(size))
-  groups = [units[i:i + group_size] for i in range(0, len(units), group_size)]
-  packed = [data_lib.pack_units(g, tokenizer, pcfg, cfg) for g in groups]
-  shape = data_lib.max_shape([data_lib.batch_shape(b) for b in packed])
-  packed = [{k: v for k, v in data_lib.pad_batch(b, shape).items() if k != "real_tokens"}
-            for b in packed]
-  params = jax.jit(lambda k: lr.init_params(cfg, packed[0], k))(jax.random.PRNGKey(0))
+  # One shape for every batch: buckets that fit the largest group.
+  pcfg = PackingConfig(row_len=row_len_for(size), query_buckets=(group_size,))
+  groups = [records[i:i + group_size] for i in range(0, len(records), group_size)]
+  batches = [_labelled_batch(g, tokenizer, pcfg) for g in groups]
+  pcfg = dataclasses.replace(pcfg, row_buckets=(max(b["input_ids"].shape[0] for b in batches),),
+                             span_buckets=(max(b["span_kind"].shape[0] for b in batches),),
+                             node_buckets=(max(b["node_mask"].shape[1] for b in batches),))
+  batches = [_labelled_batch(g, tokenizer, pcfg) for g in groups]
+  model = lr.LoGReranker(cfg)
+  params = jax.jit(lambda k: lr.init_params(cfg, batches[0], k))(jax.random.PRNGKey(0))
   tx = optax.adamw(3e-5, weight_decay=0.01)
+  local_fn = jax.jit(lambda p, b: _local_nodes(cfg, p, b))
 
-  def make_step(loss_fn):
+  def pairwise(gp, feats, b, rng):
+    logits, _ = model.apply({"params": {"global": gp}}, feats, b["node_passage"], b["node_mask"],
+                            False, method=lr.LoGReranker.global_logits, rngs={"dropout": rng})
+    per_query, has_pair = losses.pairwise_query_losses(
+        logits, b["passage_rank"], b["sentence_rank"], b["node_passage"], b["node_mask"])
+    return jnp.sum(jnp.where(has_pair, per_query, 0.0)) / jnp.maximum(jnp.sum(has_pair), 1)
+
+  def make_step(features_of):
     @jax.jit
     def step(gparams, opt, batch, rng):
-      def scalar(gp):
-        total, count = loss_fn({"global": gp}, batch, rng)["pairwise"]
-        return total / jnp.maximum(count, 1.0)
-      loss, grads = jax.value_and_grad(scalar)(gparams)
+      loss, grads = jax.value_and_grad(
+          lambda gp: pairwise(gp, features_of(batch), batch, rng))(gparams)
       upd, opt = tx.update(grads, opt, gparams)
       return optax.apply_updates(gparams, upd), opt, loss
     return step
 
   t0 = time.perf_counter()
-  feats = trainer.compute_features(cfg, params["local"], units, tokenizer, pcfg, group_size)
+  cached_batches = [dict(b, **jax.device_get(local_fn(params["local"], b))) for b in batches]
   feature_s = time.perf_counter() - t0
-  q, n = shape[3], shape[4]
-  fbatches = [trainer.feature_batch(feats[i:i + group_size], q, n)
-              for i in range(0, len(units), group_size)]
-  cached_step = make_step(trainer.global_loss_fn(cfg)[0])
-  recomputed_step = make_step(trainer.global_loss_fn(cfg, params["local"])[0])
+  cached_step = make_step(lambda b: b)
+  frozen = jax.lax.stop_gradient(params["local"])
+  recomputed_step = make_step(lambda b: _local_nodes(cfg, frozen, b))
   rng = jax.random.PRNGKey(1)
 
   def epoch(step, batches):
@@ -729,11 +735,11 @@ def cache_suite(train_file: str, tokenizer, size: str, group_size: int = 2, reps
       gp, opt, loss = step(gp, opt, b, rng)
     return loss
 
-  fdev = [jax.device_put(b) for b in fbatches]
-  tdev = [jax.device_put(b) for b in packed]
+  fdev = [jax.device_put(b) for b in cached_batches]
+  tdev = [jax.device_put(b) for b in batches]
   cached = timed(lambda: epoch(cached_step, fdev), reps=reps, warmup=1)
   recomputed = timed(lambda: epoch(recomputed_step, tdev), reps=reps, warmup=1)
-  out = {"size": size, "queries": len(units), "batches": len(groups),
+  out = {"size": size, "queries": len(records), "batches": len(groups),
          "cached_epoch_s": cached, "recomputed_epoch_s": recomputed,
          "speedup": recomputed / cached, "feature_compute_once_s": feature_s}
   log(f"cache {size}: cached epoch {cached * 1e3:.1f} ms, recomputed {recomputed * 1e3:.1f} ms, "

@@ -28,7 +28,7 @@ from typing import Optional
 import numpy as np
 
 from logrerank_jax.errors import ConfigError, DataError
-from logrerank_jax.graph.build import SIMILARITY_EDGE_TYPE
+from logrerank_jax.schema import SIMILARITY_EDGE_TYPE
 
 
 def _graph_layout(graph):
@@ -152,3 +152,28 @@ def build_context(global_scores, graph, K, use_adjacency_expansion=True, use_sim
       units.append(unit)
     contexts.append(units)
   return contexts
+
+
+def log_context(outputs, cfg) -> list:
+  """Build the structured context units (eq 17-18) of a forward's outputs, host-side.
+
+  Ranks nodes by `final_score` (the global score; the local one under "w/o global") and applies
+  the context switches of the model config (adjacency / similarity expansion, flat list).
+
+  Args:
+    outputs: `LoGReranker` outputs (device or host arrays) with `final_score`, `role_probs`
+      and `graph`.
+    cfg: the `LoGConfig` used for the forward (read for `context_k`, `num_similar` and the
+      context switches only).
+
+  Returns:
+    One list of unit dicts per query slot, as `build_context` returns.
+  """
+  import jax  # pylint: disable=g-import-not-at-top  (tree_map over the GraphsTuple)
+
+  graph = jax.tree_util.tree_map(np.asarray, outputs["graph"])
+  return build_context(np.asarray(outputs["final_score"]), graph, cfg.context_k,
+                       use_adjacency_expansion=cfg.use_adjacency_expansion,
+                       use_similarity_expansion=cfg.use_similarity_expansion,
+                       num_similar=cfg.num_similar, role_probs=np.asarray(outputs["role_probs"]),
+                       structured=cfg.structured_context)

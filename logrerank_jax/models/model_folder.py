@@ -1,4 +1,7 @@
-"""Save and load a trained model for inference: params (orbax), model config (JSON), tokenizer.
+"""The model folder: save and load a trained model (params via orbax, model config JSON, tokenizer).
+
+The one home of this layout; the trainer writes it, and inference and the converter read and
+write it through these functions.
 
 Layout of a model folder:
   params/              orbax StandardCheckpointer tree {"local": ..., "global": ...}
@@ -119,6 +122,19 @@ def load_model(directory: str, need_tokenizer: bool = True) -> Tuple[Dict[str, A
   elif need_tokenizer:
     raise CheckpointError(f"{directory} has no tokenizer/ folder")
   return params, cfg, tokenizer
+
+
+def resolve_model_dir(path: str) -> str:
+  """Return the model folder of `path`: `path` itself, or `path/model` for a training workdir.
+
+  Raises:
+    CheckpointError: neither holds a `model_config.json`.
+  """
+  for cand in (path, os.path.join(path, "model")):
+    if os.path.isfile(os.path.join(cand, "model_config.json")):
+      return cand
+  raise CheckpointError(f"{path} is neither a model folder (model_config.json, params/, "
+                        "tokenizer/) nor a training workdir containing model/")
 
 
 def read_info(directory: str) -> Dict[str, Any]:

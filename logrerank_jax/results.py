@@ -1,0 +1,250 @@
+"""Typed reranking results, and the output formats made from them.
+
+Inside the library a reranked query travels as a `RerankResult` (or a `RecordError`), frozen
+dataclasses; the JSON that `tools/rerank.py` writes is `result.to_dict()` ("log" format) or
+`to_openscholar(raw, result)` (the input written back with its passages reordered). The
+notebook API (`Reranker.rank`) returns `RankedResults`, a view of the same result as reranked
+passages.
+
+"log" format of one record (`RerankResult.to_dict()`):
+    {"line", "id", "query", "error": None, "query_truncated",
+     "ranked_sentences": [{"rank", "passage", "sentence", "start", "end", "text",
+                           "role_probs": {"background", "method", "result"}, "role",
+                           "local_score", "global_score", "score", "truncated"}, ...],
+     "passage_ranking": [passage index, ...],
+     "passages": [{"index", "id", "title", "num_sentences", "num_windows",
+                   "truncated_sentences", "empty_sentences"}, ...],
+     "context": [{"passage", "sentence", "text", "score", "role",
+                  "predecessor", "successor", "similar"}, ...]}
+and of a record that cannot be processed (`RecordError.to_dict()`):
+    {"line", "id", "query", "error": "<one line>"}.
+`passage`/`sentence` are indices into the input's passage list and the passage's sentences;
+`text == passage_text[start:end]`; `score` is the final score used for ranking (the global
+one, or the local one for a model without a global stage, whose `global_score` is None).
+Sentences are ranked by decreasing score, ties by passage order; `passage_ranking` lists
+passages by their best sentence (`logrerank_jax.ranking`), then passages without sentences.
+Context units of the flat-list ablation have no predecessor/successor/similar fields.
+"""
+
+import dataclasses
+import math
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+
+from logrerank_jax.errors import DataError
+from logrerank_jax.schema import ROLE_NAMES
+
+
+def finite(x: float) -> float:
+  """Return `x` as float, raising DataError on NaN/Inf (JSON cannot hold them honestly)."""
+  x = float(x)
+  if not math.isfinite(x):
+    raise DataError(f"model produced a non-finite score ({x})")
+  return x
+
+
+@dataclasses.dataclass(frozen=True)
+class SentenceRef:
+  """A sentence named by its passage and sentence index, with its text."""
+  passage: int
+  sentence: int
+  text: str
+
+  def to_dict(self) -> Dict[str, Any]:
+    return {"passage": self.passage, "sentence": self.sentence, "text": self.text}
+
+
+@dataclasses.dataclass(frozen=True)
+class RankedSentence:
+  """One scored sentence, in ranked order."""
+  rank: int                       # 1 = best
+  passage: int                    # index into the input passages
+  sentence: int                   # index into that passage's sentences
+  start: int                      # character offsets into the passage text
+  end: int
+  text: str
+  role_probs: Tuple[float, ...]   # in `schema.ROLE_NAMES` order
+  local_score: float
+  global_score: Optional[float]   # None without a global stage
+  score: float                    # the final score the ranking uses
+  truncated: bool                 # the sentence was cut to fit the row
+
+  @property
+  def role(self) -> str:
+    """Argmax role name (ties to the lower index, as the graph builder)."""
+    return ROLE_NAMES[max(range(len(self.role_probs)), key=lambda i: (self.role_probs[i], -i))]
+
+  def to_dict(self) -> Dict[str, Any]:
+    return {"rank": self.rank, "passage": self.passage, "sentence": self.sentence,
+            "start": self.start, "end": self.end, "text": self.text,
+            "role_probs": dict(zip(ROLE_NAMES, self.role_probs)), "role": self.role,
+            "local_score": self.local_score, "global_score": self.global_score,
+            "score": self.score, "truncated": self.truncated}
+
+
+@dataclasses.dataclass(frozen=True)
+class PassageInfo:
+  """What became of one input passage."""
+  index: int
+  id: Optional[str]
+  title: str
+  num_sentences: int
+  num_windows: int                        # sequences its sentences were packed into
+  truncated_sentences: Tuple[int, ...]    # sentences cut to fit a row
+  empty_sentences: Tuple[int, ...]        # sentences with no tokens
+
+  def to_dict(self) -> Dict[str, Any]:
+    return {"index": self.index, "id": self.id, "title": self.title,
+            "num_sentences": self.num_sentences, "num_windows": self.num_windows,
+            "truncated_sentences": list(self.truncated_sentences),
+            "empty_sentences": list(self.empty_sentences)}
+
+
+@dataclasses.dataclass(frozen=True)
+class ContextUnit:
+  """One structured context unit (eq 17-18): a top sentence and its expansions."""
+  sentence: SentenceRef
+  score: float
+  role: Optional[str]
+  predecessor: Optional[SentenceRef] = None      # in-passage neighbours (adjacency edges)
+  successor: Optional[SentenceRef] = None
+  similar: Optional[Tuple[SentenceRef, ...]] = None  # None: a flat-list unit (no expansion)
+
+  def to_dict(self) -> Dict[str, Any]:
+    out = self.sentence.to_dict()
+    out["score"], out["role"] = self.score, self.role
+    if self.similar is not None:
+      ref = lambda r: None if r is None else r.to_dict()  # noqa: E731
+      out["predecessor"], out["successor"] = ref(self.predecessor), ref(self.successor)
+      out["similar"] = [r.to_dict() for r in self.similar]
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class RerankResult:
+  """One reranked query."""
+  line: Optional[int]
+  id: Optional[str]
+  query: str
+  query_truncated: bool
+  ranked_sentences: Tuple[RankedSentence, ...]
+  passage_ranking: Tuple[int, ...]     # input passage indices, best first
+  passages: Tuple[PassageInfo, ...]    # in input order
+  context: Tuple[ContextUnit, ...]
+  error = None                         # the field every output record has
+
+  def to_dict(self) -> Dict[str, Any]:
+    return {"line": self.line, "id": self.id, "query": self.query, "error": None,
+            "query_truncated": self.query_truncated,
+            "ranked_sentences": [s.to_dict() for s in self.ranked_sentences],
+            "passage_ranking": list(self.passage_ranking),
+            "passages": [p.to_dict() for p in self.passages],
+            "context": [u.to_dict() for u in self.context]}
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordError:
+  """A record that could not be processed, with its one-line reason."""
+  line: Optional[int]
+  id: Optional[str]
+  query: Optional[str]
+  error: str
+
+  def to_dict(self) -> Dict[str, Any]:
+    return {"line": self.line, "id": self.id, "query": self.query, "error": self.error}
+
+
+Result = Union[RerankResult, RecordError]
+
+
+def record_error(raw: Any, message: str, line: Optional[int] = None) -> RecordError:
+  """The result of a record that could not be processed (id and query echoed when usable)."""
+  rid = query = None
+  if isinstance(raw, dict):
+    rid = raw.get("id") if isinstance(raw.get("id"), (str, int)) else None
+    rid = None if rid is None or isinstance(rid, bool) else str(rid)
+    q = raw.get("input", raw.get("question"))
+    query = q if isinstance(q, str) else None
+  return RecordError(line=line, id=rid, query=query, error=str(message))
+
+
+def to_openscholar(raw: Any, result: Result) -> dict:
+  """Write an input record back with its passages reordered (OpenScholar generation input).
+
+  Every input field is kept; the passage list (`ctxs` or `passages`, whichever the input used)
+  is reordered by `passage_ranking`, each passage object unchanged. Added keys:
+  `log_passage_order` (original indices, best first) and `log_context` (the context units, whose
+  `passage` indices refer to the ORIGINAL order). A failed record is written back unchanged with
+  an `error` field (a line that was not a JSON object becomes {"error", "line"}).
+
+  Args:
+    raw: the parsed input object.
+    result: its `RerankResult` / `RecordError` (or their `to_dict()`).
+
+  Returns:
+    The output object.
+  """
+  res = result.to_dict() if hasattr(result, "to_dict") else result
+  if res.get("error") is not None:
+    if isinstance(raw, dict):
+      return {**raw, "error": res["error"]}
+    return {"error": res["error"], "line": res.get("line")}
+  out = dict(raw)
+  pkey = "ctxs" if "ctxs" in raw else "passages"
+  out[pkey] = [raw[pkey][p] for p in res["passage_ranking"]]
+  out["log_passage_order"] = list(res["passage_ranking"])
+  out["log_context"] = res["context"]
+  return out
+
+
+# ------------------------------------------------------------------------ the notebook view
+
+@dataclasses.dataclass(frozen=True)
+class RankedPassage:
+  """One passage in reranked order (`Reranker.rank`)."""
+  rank: int                                 # 1 = best
+  index: int                                # index into the `passages` given to `rank`
+  score: float                              # its best sentence's score
+  text: str
+  title: str
+  sentences: Tuple[RankedSentence, ...]     # its sentences, best first
+
+
+@dataclasses.dataclass(frozen=True)
+class RankedResults(Sequence):
+  """`Reranker.rank`'s answer: reranked passages (a sequence, best first) plus the structured
+  context of the whole query. Like sentence-transformers' `CrossEncoder.rank` (each entry
+  carries its input index and score) and the `rerankers` library's `RankedResults`."""
+  query: str
+  results: Tuple[RankedPassage, ...]
+  context: Tuple[ContextUnit, ...]
+  query_truncated: bool
+
+  def __getitem__(self, i):
+    return self.results[i]
+
+  def __len__(self) -> int:
+    return len(self.results)
+
+  def __iter__(self) -> Iterator[RankedPassage]:
+    return iter(self.results)
+
+  def top_k(self, k: int) -> List[RankedPassage]:
+    """The k best passages."""
+    return list(self.results[:k])
+
+
+def ranked_results(result: RerankResult, passages: Sequence[Mapping[str, str]],
+                   top_k: Optional[int] = None) -> RankedResults:
+  """View a `RerankResult` as reranked passages (sentences grouped under their passage)."""
+  by_passage: Dict[int, List[RankedSentence]] = {}
+  for s in result.ranked_sentences:
+    by_passage.setdefault(s.passage, []).append(s)
+  order = list(result.passage_ranking)[:top_k] if top_k is not None else result.passage_ranking
+  out = []
+  for rank, p in enumerate(order, start=1):
+    sents = tuple(by_passage.get(p, ()))
+    out.append(RankedPassage(rank=rank, index=p, score=sents[0].score if sents else -math.inf,
+                             text=passages[p]["text"], title=passages[p].get("title", ""),
+                             sentences=sents))
+  return RankedResults(query=result.query, results=tuple(out), context=result.context,
+                       query_truncated=result.query_truncated)

@@ -1,0 +1,116 @@
+"""The global stage's cache of frozen local outputs: computed once, stored on disk, reused.
+
+The global stage freezes the local model, so its per-sentence outputs (h, role distribution,
+local score) are the same every epoch. They are computed once per data file, written as one
+`.npz` (no pickle) keyed by a fingerprint of the frozen params, the packer settings and the
+file's bytes, and read back on the next epoch, run or resume. A changed model or file changes
+the fingerprint and the cache is rebuilt.
+"""
+
+import hashlib
+import os
+from typing import Callable, Dict, List, Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from logrerank_jax.models.log_reranker import LoGConfig, LoGReranker
+from logrerank_jax.schema import NUM_ROLES
+from logrerank_jax.training import data as data_lib
+
+# Per-node label arrays stored next to the features.
+_LABELS = ("node_passage", "sentence_rank", "passage_rank")
+# Feature arrays the global stage reads (the cached subset of `LoGReranker.local_nodes`).
+FEATURE_KEYS = ("h", "role_probs", "local_score", "local_logit")
+
+
+def query_groups(n: int, size: int) -> List[List[int]]:
+  """Consecutive groups of `size` indices covering range(n)."""
+  return [list(range(i, min(n, i + size))) for i in range(0, n, size)]
+
+
+def local_features(cfg: LoGConfig, local_params, batch) -> Dict[str, jax.Array]:
+  """Run the frozen local model (no dropout): node features [Q, N, ...] (`FEATURE_KEYS`)."""
+  nodes = LoGReranker(cfg).apply({"params": {"local": local_params}}, batch, True,
+                                 method=LoGReranker.local_nodes)
+  return {k: nodes[k] for k in FEATURE_KEYS}
+
+
+def compute_features(cfg: LoGConfig, local_params, units, tokenizer, packing_cfg,
+                     group_size: int) -> List[Dict[str, np.ndarray]]:
+  """Run the frozen local model over query units; return per-query node features and labels."""
+  run = jax.jit(lambda p, b: local_features(cfg, p, b))
+  out = []
+  for group in query_groups(len(units), group_size):
+    share = [units[i] for i in group]
+    b = data_lib.pack_units(share, tokenizer, packing_cfg, cfg.contextual_encoding)
+    feats = jax.device_get(run(local_params, {k: jnp.asarray(v) for k, v in b.items()
+                                              if k != "real_tokens"}))
+    for qi in range(len(share)):
+      m = b["node_mask"][qi]
+      item = {k: np.asarray(v[qi][m]) for k, v in feats.items()}
+      for k in _LABELS:
+        item[k] = b[k][qi][m]
+      out.append(item)
+  return out
+
+
+def load_or_compute_features(path: str, fingerprint: str,
+                             compute: Callable[[], List[Dict[str, np.ndarray]]]
+                             ) -> Tuple[List[Dict[str, np.ndarray]], bool]:
+  """Return (per-query features, True) from `path` if its fingerprint matches, else compute and
+  store them (atomically: temp file + rename) and return (features, False)."""
+  if os.path.exists(path):
+    with np.load(path, allow_pickle=False) as z:
+      if str(z["fingerprint"]) == fingerprint:
+        offsets = z["offsets"]
+        keys = [k for k in z.files if k not in ("fingerprint", "offsets")]
+        arrays = {k: z[k] for k in keys}
+        return [{k: arrays[k][offsets[i]:offsets[i + 1]] for k in keys}
+                for i in range(len(offsets) - 1)], True
+  items = compute()
+  offsets = np.cumsum([0] + [len(it["local_score"]) for it in items])
+  arrays = {k: np.concatenate([it[k] for it in items]) for k in items[0]}
+  tmp = path + ".tmp.npz"
+  np.savez(tmp, fingerprint=np.asarray(fingerprint), offsets=offsets, **arrays)
+  os.replace(tmp, path)
+  return items, False
+
+
+def feature_batch(items: Sequence[Dict[str, np.ndarray]], q: int, n: int) -> Dict[str, np.ndarray]:
+  """Assemble cached query features into one [q, n] share (padding slots inert)."""
+  d = items[0]["h"].shape[-1] if items else 1
+  out = {"h": np.zeros((q, n, d), np.float32),
+         "role_probs": np.zeros((q, n, NUM_ROLES), np.float32),
+         "local_score": np.zeros((q, n), np.float32),
+         "node_passage": np.full((q, n), -1, np.int32), "node_mask": np.zeros((q, n), bool),
+         "sentence_rank": np.zeros((q, n), np.int32), "passage_rank": np.zeros((q, n), np.int32)}
+  for qi, it in enumerate(items):
+    m = len(it["local_score"])
+    for k in ("h", "role_probs", "local_score", "node_passage", "sentence_rank", "passage_rank"):
+      out[k][qi, :m] = it[k]
+    out["node_mask"][qi, :m] = True
+  return out
+
+
+def file_digest(path: str) -> str:
+  """Short sha256 of a file's bytes."""
+  h = hashlib.sha256()
+  with open(path, "rb") as f:
+    for chunk in iter(lambda: f.read(1 << 20), b""):
+      h.update(chunk)
+  return h.hexdigest()[:16]
+
+
+def tree_digest(tree) -> str:
+  """Short sha256 of a param tree's float32 values (identifies the frozen local model)."""
+  h = hashlib.sha256()
+  for leaf in jax.tree_util.tree_leaves(tree):
+    h.update(np.ascontiguousarray(np.asarray(leaf, np.float32)).tobytes())
+  return h.hexdigest()[:16]
+
+
+def cache_fingerprint(fp_base: str, data_file: str) -> str:
+  """The cache key of one data file's features under the frozen model `fp_base`."""
+  return hashlib.sha256((fp_base + file_digest(data_file)).encode()).hexdigest()

@@ -1,0 +1,344 @@
+"""The two training stages, each one object: its model config, data, init, loss, eval, export.
+
+`make_stage(config, workdir, records)` chooses the stage once; the loop in `trainer.py` then
+only calls the stage's methods and never branches on which stage it runs.
+
+  LocalStage   trains encoder + heads on (query, passage) units: L_rank + λ·L_role (eq 19-22).
+  GlobalStage  freezes a finished local model, caches its per-sentence outputs once
+               (`feature_cache`), and trains the graph encoder and global scorer on query
+               graphs with the pairwise loss (eq 23).
+
+Both run the model only through `LoGReranker`'s entry points (`local_nodes`, `global_logits`).
+"""
+
+import dataclasses
+import json
+import os
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from logrerank_jax import losses
+from logrerank_jax.data.packing import PackingConfig
+from logrerank_jax.data.tokenization import load_tokenizer, train_wordpiece_tokenizer
+from logrerank_jax.errors import ConfigError
+from logrerank_jax.evaluation import rerank_metrics
+from logrerank_jax.models import log_reranker as lr
+from logrerank_jax.models.model_folder import load_model
+from logrerank_jax.ranking import passage_order, passage_scores
+from logrerank_jax.schema import NUM_ROLES
+from logrerank_jax.training import data as data_lib
+from logrerank_jax.training import feature_cache as fc
+
+STAGES = ("local", "global")
+
+
+# ----------------------------------------------------------------------------- model config
+
+def build_model_config(config, vocab_size: int) -> lr.LoGConfig:
+  """Return the `LoGConfig` a training config asks for (preset, ablation, dtype, dropout, λ, τ)."""
+  if config.model == "paper":
+    cfg = lr.LoGConfig.paper()
+    if vocab_size > cfg.local.encoder.vocab_size:
+      raise ConfigError(f"tokenizer has {vocab_size} tokens but the paper encoder only "
+                        f"{cfg.local.encoder.vocab_size}")
+  elif config.model == "tiny":
+    cfg = lr.LoGConfig.tiny(vocab_size=vocab_size)
+  else:
+    raise ConfigError(f"config.model must be 'paper' or 'tiny', got {config.model!r}")
+  dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}.get(config.dtype)
+  if dtype is None:
+    raise ConfigError(f"config.dtype must be 'float32' or 'bfloat16', got {config.dtype!r}")
+  encoder = cfg.local.encoder.replace(dtype=dtype)
+  local = dataclasses.replace(cfg.local, encoder=encoder, dropout=config.dropout)
+  gat = dataclasses.replace(cfg.graph_reranker, dropout=config.dropout, dtype=dtype)
+  graph = dataclasses.replace(cfg.graph, k=config.graph_k, tau_sim=config.tau_sim,
+                              delta=config.delta)
+  cfg = dataclasses.replace(cfg, local=local, graph_reranker=gat, graph=graph,
+                            lambda_role=config.lambda_role, tau=config.listwise_tau)
+  if config.ablation:
+    cfg = lr.ablation(cfg, config.ablation)
+  return cfg
+
+
+def packing_config(config) -> PackingConfig:
+  """Return the packer settings of a training config."""
+  return PackingConfig(row_len=config.max_seq_len, max_query_tokens=config.max_query_tokens)
+
+
+def with_hf_encoder(cfg: lr.LoGConfig, path: str) -> lr.LoGConfig:
+  """Replace the encoder config by the one of an HF ModernBERT folder (keeping dtype); the
+  GAT's input width follows the encoder."""
+  from logrerank_jax.models.modernbert import ModernBertConfig  # pylint: disable=g-import-not-at-top
+  enc = ModernBertConfig.from_hf(path).replace(dtype=cfg.local.encoder.dtype)
+  local = dataclasses.replace(cfg.local, encoder=enc)
+  gat = dataclasses.replace(cfg.graph_reranker, d_enc=enc.hidden_size)
+  return dataclasses.replace(cfg, local=local, graph_reranker=gat)
+
+
+def hf_encoder_params(path: str, cfg: lr.LoGConfig):
+  """Load and convert the encoder weights of an HF ModernBERT folder."""
+  from logrerank_jax.convert import load_torch_state_dict, modernbert_params_from_torch  # pylint: disable=g-import-not-at-top
+  return modernbert_params_from_torch(load_torch_state_dict(path), cfg.local.encoder)
+
+
+def training_tokenizer(config, workdir: str, records):
+  """Load the configured tokenizer, or train a WordPiece one on the training text."""
+  if config.tokenizer:
+    return load_tokenizer(config.tokenizer)
+  if config.init_checkpoint:
+    return load_tokenizer(config.init_checkpoint)
+  saved = os.path.join(workdir, "tokenizer")
+  if os.path.isdir(saved):  # a resumed run keeps the tokenizer it started with
+    return load_tokenizer(saved)
+  texts = [r.question for r in records] + [s.text for r in records for p in r.passages
+                                           for s in p.sentences]
+  # The vocabulary is deterministic, so every process builds the same one; only process 0 writes.
+  return train_wordpiece_tokenizer(texts, config.tokenizer_vocab_size,
+                                   saved if jax.process_index() == 0 else None)
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+def passage_metrics(units, node_scores: List[np.ndarray], k: int = 10) -> Dict[str, float]:
+  """Metrics of the passage ranking induced by sentence scores (`ranking.passage_scores`).
+
+  The relevant passage of a query is its rank-1 passage in the training record.
+  """
+  run, qrels = {}, {}
+  for u, scores in zip(units, node_scores):
+    node_passage = [p for p, sentences in enumerate(u.query.passages) for _ in sentences]
+    best = passage_scores(node_passage, scores, len(u.passage_ids))
+    run[u.qid] = [u.passage_ids[p] for p in passage_order(best)]
+    qrels[u.qid] = {u.passage_ids[p] for p in range(len(u.passage_ids)) if u.passage_rank[p] == 1}
+  return rerank_metrics(run, qrels, k=k)
+
+
+def _device(batch) -> Dict[str, jax.Array]:
+  return {k: jnp.asarray(v) for k, v in batch.items() if k != "real_tokens"}
+
+
+# ----------------------------------------------------------------------------- the stages
+
+def pack_token_batches(units, groups, shares_of: Callable, tokenizer, pack_cfg: PackingConfig,
+                       contextual_encoding: bool) -> List[List[Dict[str, np.ndarray]]]:
+  """Pack every micro-batch's per-device shares, all padded to one shape (one compile).
+
+  Args:
+    units: training units.
+    groups: micro-batches as lists of unit indices.
+    shares_of: micro-batch -> this process's per-device shares (lists of unit indices).
+    tokenizer, pack_cfg, contextual_encoding: how to pack.
+
+  Returns:
+    [micro-batch][device share] packed dicts of one shape (the maximum over the run and, in a
+    multi-host run, over every process); a device without units gets an inert share.
+  """
+  packed, shapes = [], []
+  for g in groups:
+    mb = [data_lib.pack_units([units[i] for i in s], tokenizer, pack_cfg, contextual_encoding)
+          if s else None for s in shares_of(g)]
+    packed.append(mb)
+    shapes += [data_lib.batch_shape(b) for b in mb if b is not None]
+  shape = data_lib.max_shape(shapes)
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    shape = tuple(int(x) for x in np.max(multihost_utils.process_allgather(np.asarray(shape)), 0))
+  return [[data_lib.pad_batch(b, shape) if b is not None else data_lib.empty_batch(shape)
+           for b in mb] for mb in packed]
+
+
+class LocalStage:
+  """Encoder + heads on (query, passage) units, listwise + role-KL loss (eq 19-22)."""
+  name = "local"
+
+  def __init__(self, config, workdir: str, records):
+    self.config = config
+    self.tokenizer = training_tokenizer(config, workdir, records)
+    cfg = build_model_config(config, len(self.tokenizer))
+    if config.init_checkpoint:
+      cfg = with_hf_encoder(cfg, config.init_checkpoint)
+    self.cfg = cfg
+    self.pack_cfg = packing_config(config)
+    self.units = data_lib.local_units(records)
+    self.cache_info: Dict[str, Any] = {}
+
+  def micro_batches(self, groups, shares_of):
+    """[micro-batch][device share] packed token batches."""
+    return pack_token_batches(self.units, groups, shares_of, self.tokenizer, self.pack_cfg,
+                              self.cfg.contextual_encoding)
+
+  def init_params(self, example, rng):
+    """{"local": ...}: random heads, and the encoder of `init_checkpoint` when one is given."""
+    params = lr.init_stage_params(self.cfg, "local", example, rng)
+    if self.config.init_checkpoint:
+      params["local"] = dict(params["local"])
+      params["local"]["encoder"] = hf_encoder_params(self.config.init_checkpoint, self.cfg)
+    return params
+
+  def loss(self) -> Tuple[Callable, Dict[str, float]]:
+    """The local loss as per-term (sum, weight) over a device's share, and term coefficients."""
+    cfg = self.cfg
+    model = lr.LoGReranker(cfg)
+
+    def loss_fn(params, batch, rng):
+      nodes = model.apply({"params": params}, batch, False, method=lr.LoGReranker.local_nodes,
+                          rngs={"dropout": rng})
+      mask = batch["node_mask"]                     # [P, M]: one passage per query slot
+      passages = jnp.sum(jnp.any(mask, axis=-1)).astype(jnp.float32)
+      sentences = jnp.sum(mask).astype(jnp.float32)
+      rank = losses.listwise_rank_loss(nodes["local_logit"], batch["sentence_rank"], mask,
+                                       tau=cfg.tau)
+      role = losses.role_kl_loss(nodes["role_logits"], batch["role_target"], mask)
+      return {"rank": (rank * passages, passages), "role": (role * sentences, sentences)}
+
+    return loss_fn, {"rank": 1.0, "role": cfg.role_loss_weight}
+
+  def make_eval(self, val_units) -> Callable[[Any], Dict[str, float]]:
+    """params -> passage metrics on the validation queries, from local scores."""
+    if not val_units:
+      return lambda params: {}
+    cfg, group_size = self.cfg, self.config.cache_batch_queries
+    run = jax.jit(lambda p, b: fc.local_features(cfg, p, b)["local_logit"])
+
+    def evaluate(params):
+      scores = []
+      for group in fc.query_groups(len(val_units), group_size):
+        share = [val_units[i] for i in group]
+        b = data_lib.pack_units(share, self.tokenizer, self.pack_cfg, cfg.contextual_encoding)
+        out = np.asarray(run(params["local"], _device(b)))
+        scores += [out[qi][b["node_mask"][qi]] for qi in range(len(share))]
+      return passage_metrics(val_units, scores)
+    return evaluate
+
+  def export_params(self, params):
+    """The exported model is the trained local model alone ("w/o global" until stage 2)."""
+    return params
+
+
+class GlobalStage:
+  """The GAT on query graphs over the frozen local model's outputs, pairwise loss (eq 23)."""
+  name = "global"
+
+  def __init__(self, config, workdir: str, records):
+    if not config.local_checkpoint:
+      raise ConfigError("the global stage needs --config.local_checkpoint=DIR (the local stage's "
+                        "workdir, which holds model/)")
+    model_dir = os.path.join(config.local_checkpoint, "model")
+    if not os.path.isdir(model_dir):
+      raise ConfigError(f"config.local_checkpoint={config.local_checkpoint} has no model/ folder; "
+                        "pass the workdir of a finished local-stage run")
+    local_params, local_cfg, self.tokenizer = load_model(model_dir)
+    cfg = build_model_config(config, len(self.tokenizer))
+    # The frozen local model decides the encoder, its width (the GAT's input) and the local
+    # switches; the training config decides the graph and the GAT.
+    gat = dataclasses.replace(cfg.graph_reranker, d_enc=local_cfg.local.encoder.hidden_size)
+    self.cfg = dataclasses.replace(cfg, local=local_cfg.local, graph_reranker=gat,
+                                   contextual_encoding=local_cfg.contextual_encoding,
+                                   use_role_head=local_cfg.use_role_head,
+                                   use_intent_head=local_cfg.use_intent_head)
+    self.config = config
+    self.workdir = workdir
+    self.frozen_local = jax.tree_util.tree_map(jnp.asarray, local_params["local"])
+    self.pack_cfg = packing_config(config)
+    self.units = data_lib.query_units(records)
+    self.cache_info: Dict[str, Any] = {}
+    self.fp_base: Optional[str] = None  # identifies the frozen model's cached features
+    if config.use_feature_cache:
+      self.fp_base = json.dumps({"local": fc.tree_digest(self.frozen_local),
+                                 "max_seq_len": config.max_seq_len,
+                                 "max_query_tokens": config.max_query_tokens})
+
+  def _features(self, units, data_file: str, split: str):
+    """Cached (or, without the cache, freshly computed) frozen-local features of `units`."""
+    compute = lambda: fc.compute_features(self.cfg, self.frozen_local, units, self.tokenizer,  # noqa: E731
+                                          self.pack_cfg, self.config.cache_batch_queries)
+    if self.fp_base is None:
+      return compute(), False
+    cache_dir = os.path.join(self.workdir, "feature_cache")
+    os.makedirs(cache_dir, exist_ok=True)
+    return fc.load_or_compute_features(
+        os.path.join(cache_dir, f"{split}-p{jax.process_index()}.npz"),
+        fc.cache_fingerprint(self.fp_base, data_file), compute)
+
+  def micro_batches(self, groups, shares_of):
+    """[micro-batch][device share]: cached node features, or token batches without the cache."""
+    if self.fp_base is None:
+      return pack_token_batches(self.units, groups, shares_of, self.tokenizer, self.pack_cfg,
+                                self.cfg.contextual_encoding)
+    import time  # pylint: disable=g-import-not-at-top
+    t0 = time.time()
+    feats, hit = self._features(self.units, self.config.train_file, "train")
+    self.cache_info = {"train_cache_hit": hit, "cache_seconds": time.time() - t0}
+    n_max = max(len(f["local_score"]) for f in feats)
+    batches = []
+    for g in groups:
+      shares = shares_of(g)
+      q_share = self.config.micro_batch_size // self.num_shards
+      batches.append([fc.feature_batch([feats[i] for i in s], q_share, n_max) for s in shares])
+    return batches
+
+  num_shards = 1  # set by the loop before `micro_batches`
+
+  def _global_logits(self, params_global, feats, deterministic, rng=None):
+    logits, _ = lr.LoGReranker(self.cfg).apply(
+        {"params": {"global": params_global}}, feats, feats["node_passage"], feats["node_mask"],
+        deterministic, method=lr.LoGReranker.global_logits,
+        rngs=None if deterministic else {"dropout": rng})
+    return logits
+
+  def _node_features(self, batch):
+    """Node features of a batch: the batch itself (cached), or the frozen local model's."""
+    if self.fp_base is not None:
+      return batch
+    feats = fc.local_features(self.cfg, jax.lax.stop_gradient(self.frozen_local), batch)
+    return dict(feats, node_passage=batch["node_passage"], node_mask=batch["node_mask"])
+
+  def init_params(self, example, rng):
+    """{"global": ...}: a fresh GAT."""
+    return lr.init_stage_params(self.cfg, "global", self._node_features(example), rng)
+
+  def loss(self) -> Tuple[Callable, Dict[str, float]]:
+    """The pairwise loss (eq 23) as (sum over queries with pairs, number of such queries)."""
+
+    def loss_fn(params, batch, rng):
+      # The frozen local model runs deterministically, exactly as when the cache is filled.
+      logits = self._global_logits(params["global"], self._node_features(batch), False, rng)
+      per_query, has_pair = losses.pairwise_query_losses(
+          logits, batch["passage_rank"], batch["sentence_rank"], batch["node_passage"],
+          batch["node_mask"])
+      count = jnp.sum(has_pair).astype(jnp.float32)
+      return {"pairwise": (jnp.sum(jnp.where(has_pair, per_query, 0.0)), count)}
+
+    return loss_fn, {"pairwise": 1.0}
+
+  def make_eval(self, val_units) -> Callable[[Any], Dict[str, float]]:
+    """params -> passage metrics on the validation queries, from global scores."""
+    if not val_units:
+      return lambda params: {}
+    feats, _ = self._features(val_units, self.config.val_file, "val")
+    n_max = max(len(f["local_score"]) for f in feats)
+    group_size = self.config.cache_batch_queries
+    run = jax.jit(lambda p, b: self._global_logits(p, b, True))
+
+    def evaluate(params):
+      scores = []
+      for group in fc.query_groups(len(val_units), group_size):
+        b = fc.feature_batch([feats[i] for i in group], group_size, n_max)
+        out = np.asarray(run(params["global"], {k: jnp.asarray(v) for k, v in b.items()}))
+        scores += [out[qi][:len(feats[i]["local_score"])] for qi, i in enumerate(group)]
+      return passage_metrics(val_units, scores)
+    return evaluate
+
+  def export_params(self, params):
+    """The full model: the frozen local params and the trained GAT."""
+    return {"local": jax.device_get(self.frozen_local), "global": params["global"]}
+
+
+def make_stage(config, workdir: str, records):
+  """Choose the stage once: `LocalStage` or `GlobalStage` from `config.stage`."""
+  if config.stage not in STAGES:
+    raise ConfigError(f"config.stage must be 'local' or 'global', got {config.stage!r}")
+  return (LocalStage if config.stage == "local" else GlobalStage)(config, workdir, records)
