@@ -17,7 +17,6 @@ sharper softmax and larger pre-activations measured up to 7.4e-6, too close to t
 trained BERT weights are closer to the 0.15 regime, as the MiniLM measurement shows.)
 """
 
-import json
 import logging
 
 import jax
@@ -55,10 +54,9 @@ def minilm():
 
 @pytest.fixture(scope="module")
 def scifact_pairs(scifact_records):
-  """Real (claim, gold abstract) pairs and a few unpaired texts from the SciFact slice."""
-  recs = scifact_records[:4]
-  pairs = [(r["input"], f"{r['gold_ctx'][0]['title']} {r['gold_ctx'][0]['text']}") for r in recs]
-  return pairs
+  """Four real (claim, "title text" of its first gold abstract) pairs from the SciFact slice."""
+  return [(r["input"], f"{r['gold_ctx'][0]['title']} {r['gold_ctx'][0]['text']}")
+          for r in scifact_records[:4]]
 
 
 def _torch_hidden(model, enc):
@@ -167,7 +165,8 @@ def test_minilm_bf16_compute_close_to_float32_torch(minilm, scifact_pairs):
   #   output scale. Measured max: 3.1e-2 at scale 5.75 (5.3e-3 of the scale).
   u, n_r, depth = 2.0 ** -9, 8, cfg.num_hidden_layers
   assert rel_rms <= 2 * np.sqrt(n_r * depth) * u, f"bf16 relative RMS error {rel_rms:.3e}"
-  assert diff.max() <= n_r * depth * u * scale, f"bf16 max abs error {diff.max():.3e} (scale {scale:.2f})"
+  assert diff.max() <= n_r * depth * u * scale, (
+      f"bf16 max abs error {diff.max():.3e} (scale {scale:.2f})")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -333,6 +332,20 @@ def test_too_long_input_is_refused():
   # Raised while tracing (shapes are static), so eval_shape suffices: nothing is compiled.
   with pytest.raises(mbert.LogRerankError, match="exceeds the 16 positions"):
     jax.eval_shape(lambda: mbert.BertEncoder(cfg).init(jax.random.PRNGKey(0), ids))
+
+
+def test_config_hf_dict_round_trip():
+  # BertConfig -> HF dict -> transformers config -> BertConfig is the identity (RoBERTa too).
+  for hf_cfg in (_hf_bert_config(),
+                 transformers.RobertaConfig(vocab_size=64, hidden_size=32, intermediate_size=48,
+                                            num_hidden_layers=2, num_attention_heads=4,
+                                            pad_token_id=1, type_vocab_size=1)):
+    cfg = mbert.BertConfig.from_hf(hf_cfg.to_dict(), dtype=jnp.bfloat16)
+    again = mbert.BertConfig.from_hf(type(hf_cfg)(**cfg.to_hf_dict()).to_dict(),
+                                     dtype=jnp.bfloat16)
+    assert again == cfg
+  assert cfg.position_offset == 2 and cfg.replace(num_labels=1).num_labels == 1
+  assert cfg.classifier_dropout_rate == cfg.hidden_dropout_prob == 0.1
 
 
 @pytest.mark.parametrize("hf,match", [

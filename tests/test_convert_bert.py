@@ -1,4 +1,5 @@
-"""torch <-> Flax BERT conversion: real sentence-transformers keys, round trips, classifier, refusals."""
+"""torch <-> Flax BERT conversion: real sentence-transformers keys, round trips, classifier,
+refusals."""
 
 import logging
 

@@ -181,7 +181,8 @@ class BertConfig:
     return cls(**kwargs)
 
   def to_hf_dict(self) -> dict:
-    """Return a dict accepted by `transformers.BertConfig(**d)` (or Roberta/XLMRoberta) and `from_hf`."""
+    """Return a dict accepted by `transformers.BertConfig(**d)` (RobertaConfig for RoBERTa) and
+    by `from_hf`."""
     d = {"architectures": ["BertForSequenceClassification" if self.model_type == "bert"
                            else "RobertaModel"],
          "position_embedding_type": "absolute",
