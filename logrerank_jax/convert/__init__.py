@@ -65,3 +65,35 @@ __all__ += [
     "log_rules",
     "parse_rename_table",
 ]
+
+from logrerank_jax.convert.bert_map import (  # noqa: E402  (BERT-family map, appended)
+    BERT_BUFFER_KEYS,
+    BERT_CLASSIFIER_HEAD_RULES,
+    BERT_ENCODER_RULES,
+    BERT_HEAD_MODULES,
+    BERT_POOLER_RULES,
+    bert_dims,
+    bert_encoder_rules,
+    bert_params_from_torch,
+    bert_params_to_torch,
+    bert_pooler_rules,
+    bert_sequence_classifier_params_from_torch,
+    bert_sequence_classifier_params_to_torch,
+    bert_sequence_classifier_rules,
+)
+
+__all__ += [
+    "BERT_BUFFER_KEYS",
+    "BERT_CLASSIFIER_HEAD_RULES",
+    "BERT_ENCODER_RULES",
+    "BERT_HEAD_MODULES",
+    "BERT_POOLER_RULES",
+    "bert_dims",
+    "bert_encoder_rules",
+    "bert_params_from_torch",
+    "bert_params_to_torch",
+    "bert_pooler_rules",
+    "bert_sequence_classifier_params_from_torch",
+    "bert_sequence_classifier_params_to_torch",
+    "bert_sequence_classifier_rules",
+]
