@@ -30,11 +30,13 @@ import threading
 from typing import Any, Iterable, List, Mapping, Optional, Sequence, Union
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from logrerank_jax.data.inference_input import (InferenceRecord, InputLine,
                                                 parse_inference_record)
-from logrerank_jax.data.packing import PackingConfig, pack_for_model, QueryInput
+from logrerank_jax.data.packing import (BucketOverflowError, PackingConfig, QueryInput,
+                                        bucket_size, grown_buckets, pack_for_model)
 from logrerank_jax.errors import CheckpointError, ConfigError, DataError, LogRerankError
 from logrerank_jax.graph.context import log_context
 from logrerank_jax.models import log_reranker as lr
@@ -137,12 +139,35 @@ def _check_param_shapes(params, cfg: lr.LoGConfig) -> None:
                           + "; ".join(bad[:20]) + (f"; ... {len(bad) - 20} more" if len(bad) > 20 else ""))
 
 
-def _forward(params, arrays, cfg):
-  """The jitted body: the full model, keeping only what the output needs."""
-  out = lr.log_forward(params, arrays, cfg)
-  keep = {k: out[k] for k in ("local_score", "final_score", "role_probs", "graph")}
-  keep["global_score"] = out.get("global_score", out["final_score"])
-  return keep
+def _local_forward(params, arrays, cfg):
+  """Jitted local stage over one packed call: the node features the global stage and the
+  output need ([Q, N, ...])."""
+  nodes = lr.LoGReranker(cfg).apply({"params": {"local": params["local"]}}, arrays, True,
+                                    method=lr.LoGReranker.local_nodes)
+  return {k: nodes[k] for k in ("h", "role_probs", "local_score")}
+
+
+def _global_forward(params, feats, cfg):
+  """Jitted global stage over whole query graphs: graph build + GAT (or, without a global
+  stage, the graph alone: final = local)."""
+  model = lr.LoGReranker(cfg)
+  mask = feats["node_mask"]
+  if cfg.use_global:
+    logit, graph = model.apply({"params": {"global": params["global"]}}, feats,
+                               feats["node_passage"], mask, True,
+                               method=lr.LoGReranker.global_logits)
+    final = jnp.where(mask, jax.nn.sigmoid(logit), 0.0)
+  else:
+    graph = model.apply({"params": {}}, feats, feats["node_passage"], mask,
+                        method=lr.LoGReranker.sentence_graph)
+    final = feats["local_score"]
+  q, n = mask.shape
+  return {"final_score": final.reshape(q * n), "graph": graph}
+
+
+def _out_of_memory(e: Exception) -> bool:
+  text = str(e)
+  return "RESOURCE_EXHAUSTED" in text or "Out of memory" in text or "out of memory" in text
 
 
 @dataclasses.dataclass
@@ -198,7 +223,8 @@ class Reranker:
                                        query_buckets=(queries_per_batch,))
     # Params live on the device once; passing host arrays would copy them on every call.
     self.params = jax.device_put(params)
-    self._jit = jax.jit(functools.partial(_forward, cfg=cfg))
+    self._local_jit = jax.jit(functools.partial(_local_forward, cfg=cfg))
+    self._global_jit = jax.jit(functools.partial(_global_forward, cfg=cfg))
     self._compiles = 0
     self._cache_hits = 0
     self._calls = 0
@@ -240,52 +266,170 @@ class Reranker:
   def compile_stats(self) -> dict:
     """Return compilation counters of this reranker's forward (see the module docstring)."""
     return {"xla_compilations": self._compiles, "persistent_cache_hits": self._cache_hits,
-            "jit_cache_entries": int(self._jit._cache_size()),  # pylint: disable=protected-access
+            "jit_cache_entries": int(self._local_jit._cache_size()  # pylint: disable=protected-access
+                                     + self._global_jit._cache_size()),  # pylint: disable=protected-access
             "forward_calls": self._calls}
 
-  def _run(self, batch):
-    """Run the jitted forward on a PackedBatch, counting the compilations it triggers."""
-    arrays = {k: getattr(batch, k) for k in MODEL_KEYS}
+  def _call(self, fn, *args):
+    """Run a jitted stage, counting the compilations it triggers; host copies of the result."""
     before = dict(_COUNTS)
-    out = self._jit(self.params, arrays)
-    out = jax.tree_util.tree_map(np.asarray, out)  # waits for the device, then host copies
+    try:
+      out = jax.tree_util.tree_map(np.asarray, fn(self.params, *args))  # waits for the device
+    except Exception as e:  # pylint: disable=broad-except  (XLA raises its own runtime errors)
+      if _out_of_memory(e):
+        raise DataError("out of device memory; rerank with fewer queries per call "
+                        "(--queries-per-batch / queries_per_batch) or shorter rows "
+                        "(--row-len / row_len)") from None
+      raise
     self._compiles += _COUNTS["compiles"] - before["compiles"]
     self._cache_hits += _COUNTS["cache_hits"] - before["cache_hits"]
     self._calls += 1
     return out
 
+  def _token_counts(self, records: Sequence[InferenceRecord]) -> List[List[int]]:
+    """Tokens per passage of each record (sentence tokens + per-window overhead): the cost
+    used to cut queries into calls that fit the buckets."""
+    texts = [s for r in records for p in r.sentence_texts for s in p]
+    lens = iter(len(t) for t in self.tokenizer(texts, add_special_tokens=False)["input_ids"]) \
+        if texts else iter(())
+    out = []
+    for r in records:
+      out.append([sum(next(lens) + 1 for _ in p) for p in r.sentence_texts])
+    return out
+
+  def _local_calls(self, records: Sequence[InferenceRecord]):
+    """Cut the records' scorable passages into local-stage calls that fit the buckets.
+
+    Each call holds at most `queries_per_batch` slots; a slot is (record index, passage
+    indices) of one record. A query whose passages do not fit one call is spread over several
+    slots and calls (local scores depend only on the (query, passage) sequence, so this
+    changes no score). Returns a list of calls, each a list of slots.
+    """
+    pk = self.packing
+    row_len = pk.row_len
+    qtok = pk.max_query_tokens + 3  # [CLS] q [SEP] ... [SEP] repeated in every window
+    # Budgets with slack for first-fit fragmentation; a call that still overflows is split.
+    token_budget = int(0.85 * pk.row_buckets[-1] * row_len)
+    span_budget = pk.span_buckets[-1] - 1
+    node_budget = pk.node_buckets[-1]
+    counts = self._token_counts(records)
+    calls, cur, used_tokens, used_spans = [], [], 0, 0
+    for ri, rec in enumerate(records):
+      slot, slot_nodes = None, 0
+      for pi, psg in enumerate(rec.passages):
+        n = len(psg.sentences)
+        if n == 0:
+          continue
+        windows = max(1, -(-counts[ri][pi] // max(row_len - qtok, 1)))
+        tokens = counts[ri][pi] + windows * qtok
+        spans = n + windows
+        full = cur and (used_tokens + tokens > token_budget or used_spans + spans > span_budget)
+        if full or (slot is not None and slot_nodes + n > node_budget):
+          if full:
+            calls.append(cur)
+            cur, used_tokens, used_spans = [], 0, 0
+          slot = None
+        if slot is None:
+          if len(cur) == self.queries_per_batch:
+            calls.append(cur)
+            cur, used_tokens, used_spans = [], 0, 0
+          slot, slot_nodes = (ri, []), 0
+          cur.append(slot)
+        slot[1].append(pi)
+        slot_nodes += n
+        used_tokens += tokens
+        used_spans += spans
+    if cur:
+      calls.append(cur)
+    return calls
+
+  def _pack_call(self, records, call):
+    """Pack one local call; a call that overflows a bucket is split in halves, and a single
+    passage too large for every bucket gets grown buckets (one more shape, not an error)."""
+    queries = [QueryInput(records[ri].query, [records[ri].sentence_texts[pi] for pi in pis])
+               for ri, pis in call]
+    try:
+      return [(call, *pack_for_model(queries, self.tokenizer, self.packing,
+                                     self.cfg.contextual_encoding))]
+    except BucketOverflowError:
+      if len(call) > 1 or len(call[0][1]) > 1:
+        if len(call) > 1:
+          halves = [call[:len(call) // 2], call[len(call) // 2:]]
+        else:
+          (ri, pis), = call
+          halves = [[(ri, pis[:len(pis) // 2])], [(ri, pis[len(pis) // 2:])]]
+        return [part for h in halves for part in self._pack_call(records, h)]
+    # One passage alone overflows: grow every bucket to cover it.
+    big = dataclasses.replace(self.packing, row_buckets=grown_buckets(self.packing.row_buckets, 1 << 20),
+                              span_buckets=grown_buckets(self.packing.span_buckets, 1 << 22),
+                              node_buckets=grown_buckets(self.packing.node_buckets, 1 << 22))
+    batch, info = pack_for_model(queries, self.tokenizer, big, self.cfg.contextual_encoding)
+    return [(call, batch, info)]
+
   def _score_group(self, records: Sequence[InferenceRecord]) -> List[QueryScores]:
-    """Pack and score up to `queries_per_batch` records in one forward call."""
-    queries = [QueryInput(r.query, r.sentence_texts) for r in records]
-    batch, info = pack_for_model(queries, self.tokenizer, self.packing,
-                                 self.cfg.contextual_encoding)
-    out = self._run(batch)
-    q_slots, n_slots = batch.node_mask.shape
-    contexts = log_context(out, self.cfg)
-    per_q = lambda x, *t: np.asarray(x).reshape(q_slots, n_slots, *t)  # noqa: E731
-    local, final = per_q(out["local_score"]), per_q(out["final_score"])
-    glob, roles = per_q(out["global_score"]), per_q(out["role_probs"], NUM_ROLES)
-    results = []
-    for q, rec in enumerate(records):
-      n = int(batch.node_mask[q].sum())
-      results.append(QueryScores(
-          record=rec, node_passage=batch.node_passage[q, :n].copy(),
-          node_sentence=batch.node_sentence[q, :n].copy(), local_score=local[q, :n].copy(),
-          global_score=glob[q, :n].copy() if self.cfg.use_global else None,
-          final_score=final[q, :n].copy(), role_probs=roles[q, :n].copy(),
-          context=contexts[q], passage_info=self._passage_info(rec, info.passages[q]),
-          query_truncated=bool(info.query_truncated[q])))
+    """Score records: local stage over as many bucketed calls as they need, then the global
+    stage over each query's whole graph (never cut), `queries_per_batch` queries per call."""
+    d = self.cfg.local.encoder.hidden_size
+    nodes: List[List[tuple]] = [[] for _ in records]   # per record: (pi, si, h, roles, z)
+    windows = [dict() for _ in records]                # per record: pi -> (windows, trunc, empty)
+    truncated_q = [False] * len(records)
+    for call in self._local_calls(records):
+      for part, batch, info in self._pack_call(records, call):
+        out = self._call(self._local_jit, {k: getattr(batch, k) for k in MODEL_KEYS})
+        for slot, (ri, pis) in enumerate(part):
+          truncated_q[ri] |= bool(info.query_truncated[slot])
+          m = np.flatnonzero(batch.node_mask[slot])
+          for ni in m:
+            lp, si = int(batch.node_passage[slot, ni]), int(batch.node_sentence[slot, ni])
+            nodes[ri].append((pis[lp], si, out["h"][slot, ni], out["role_probs"][slot, ni],
+                              float(out["local_score"][slot, ni])))
+          for lp, pinfo in zip(pis, self._passage_info_of(records[ri], pis, info.passages[slot])):
+            windows[ri][lp] = pinfo
+    results: List[QueryScores] = []
+    size = self.queries_per_batch
+    for start in range(0, len(records), size):
+      group = list(range(start, min(start + size, len(records))))
+      for ri in group:
+        nodes[ri].sort(key=lambda t: (t[0], t[1]))  # passage order, as one joint packing
+      n_max = max([len(nodes[ri]) for ri in group] + [1])
+      n = bucket_size(n_max, grown_buckets(self.packing.node_buckets, n_max), "node_buckets")
+      feats = {"h": np.zeros((size, n, d), np.float32),
+               "role_probs": np.zeros((size, n, NUM_ROLES), np.float32),
+               "local_score": np.zeros((size, n), np.float32),
+               "node_passage": np.full((size, n), -1, np.int32),
+               "node_mask": np.zeros((size, n), bool)}
+      for q, ri in enumerate(group):
+        for j, (pi, _, h, roles, z) in enumerate(nodes[ri]):
+          feats["h"][q, j], feats["role_probs"][q, j], feats["local_score"][q, j] = h, roles, z
+          feats["node_passage"][q, j] = pi
+        feats["node_mask"][q, :len(nodes[ri])] = True
+      out = self._call(self._global_jit, feats)
+      out["role_probs"] = feats["role_probs"].reshape(size * n, NUM_ROLES)
+      contexts = log_context(out, self.cfg)
+      final = out["final_score"].reshape(size, n)
+      for q, ri in enumerate(group):
+        rec, k = records[ri], len(nodes[ri])
+        empty_info = (0, [], [])
+        results.append(QueryScores(
+            record=rec, node_passage=feats["node_passage"][q, :k].copy(),
+            node_sentence=np.asarray([t[1] for t in nodes[ri]], np.int32),
+            local_score=feats["local_score"][q, :k].copy(),
+            global_score=final[q, :k].copy() if self.cfg.use_global else None,
+            final_score=final[q, :k].copy(), role_probs=feats["role_probs"][q, :k].copy(),
+            context=contexts[q],
+            passage_info=[windows[ri].get(pi, empty_info) for pi in range(len(rec.passages))],
+            query_truncated=truncated_q[ri]))
     return results
 
-  def _passage_info(self, rec: InferenceRecord, infos) -> list:
-    """Per passage (num_windows, truncated, empty); maps back one-sentence sequences if needed."""
+  def _passage_info_of(self, rec: InferenceRecord, pis, infos) -> list:
+    """Per packed passage (num_windows, truncated, empty), for the passages `pis` of `rec`."""
     if self.cfg.contextual_encoding:
       return [(i.num_windows, list(i.truncated_sentences), list(i.empty_sentences)) for i in infos]
     # "w/o contextual encoding": PackInfo has one entry per sentence, in passage order.
     out, k = [], 0
-    for p in rec.passages:
-      mine = infos[k:k + len(p.sentences)]
-      k += len(p.sentences)
+    for pi in pis:
+      mine = infos[k:k + len(rec.passages[pi].sentences)]
+      k += len(rec.passages[pi].sentences)
       out.append((len(mine), [s for s, i in enumerate(mine) if i.truncated_sentences],
                   [s for s, i in enumerate(mine) if i.empty_sentences]))
     return out

@@ -2,19 +2,23 @@
 
 Accepted record (one JSON object per line):
 
-    {"input" | "question": str,
-     "ctxs" | "passages": [{"title": str (optional), "text": str, ...}, ...],
+    {"input" | "question" | "query": str,
+     "ctxs" | "passages": [{"title": str (optional), "text": str, ...} | str, ...],
      ...any other fields, kept untouched...}
 
-`input` wins over `question` and `ctxs` over `passages` when both are present.
-Each passage's `text` is split into sentences with
-`logrerank_jax.data.sentences.split_sentences` (exact character offsets into
-`text`; the title is not scored).  An empty or whitespace-only `text` is a
-valid passage with zero sentences.  Anything else unusable -- a text that is
-None, NaN, a number or an object, a missing or empty query, zero passages, a
-line that is not a JSON object -- makes that record a `DataError` naming the
-line and field; `read_inference_file` returns the error in the record's place
-so the caller can report it and carry on with the rest of the file.
+The first present of `input`, `question`, `query` is the query, and `ctxs` wins over
+`passages`. A passage is an object with a `text` (extra fields pass through untouched) or a
+plain string (its text). Each passage's `text` is split into sentences with
+`logrerank_jax.data.sentences.split_sentences` (exact character offsets into `text`; the
+title is not scored).
+
+Nothing about a query is lost to one bad passage: a passage whose text is unusable (NaN, null,
+a number, an object, empty or whitespace only, or no `text` at all) is kept with zero
+sentences and its reason in `InferencePassage.skipped` (e.g. "text is NaN"); the other
+passages are reranked. What makes a whole record a `DataError` (naming the line and field) is
+what leaves nothing to rerank: a line that is not a JSON object, a missing or empty query, no
+passage list or an empty one. `read_inference_file` returns the error in the record's place so
+the caller can report it and carry on with the rest of the file.
 """
 
 import dataclasses
@@ -25,7 +29,7 @@ from typing import Any, Optional, Union
 from logrerank_jax.data.sentences import Sentence, split_sentences
 from logrerank_jax.errors import DataError
 
-QUERY_KEYS = ("input", "question")
+QUERY_KEYS = ("input", "question", "query")
 PASSAGE_KEYS = ("ctxs", "passages")
 
 
@@ -36,6 +40,7 @@ class InferencePassage:
   text: str
   sentences: tuple[Sentence, ...]
   passage_id: Optional[str]  # the input's `id` field as a string, if any
+  skipped: Optional[str] = None  # why the passage cannot be scored (None: it is usable)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +56,11 @@ class InferenceRecord:
   def sentence_texts(self) -> list[list[str]]:
     """Sentence strings per passage (what the packer takes)."""
     return [[s.text for s in p.sentences] for p in self.passages]
+
+  @property
+  def skipped(self) -> list[tuple[int, str]]:
+    """(passage index, reason) of every passage that could not be scored."""
+    return [(i, p.skipped) for i, p in enumerate(self.passages) if p.skipped is not None]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,39 +105,47 @@ def parse_inference_record(obj: Any, where: str = "record") -> InferenceRecord:
     raise DataError(f"{where}: expected a JSON object, got {_type_name(obj)}")
   qkey = next((k for k in QUERY_KEYS if k in obj), None)
   if qkey is None:
-    raise DataError(f"{where}: missing query: no 'input' or 'question' field")
+    raise DataError(f"{where}: missing query: no 'input', 'question' or 'query' field")
   query = obj[qkey]
   if not isinstance(query, str) or not query.strip():
     raise DataError(f"{where}: '{qkey}' must be a non-empty string, got {_type_name(query)}"
                     + (" (empty)" if isinstance(query, str) else ""))
   pkey = next((k for k in PASSAGE_KEYS if k in obj), None)
   if pkey is None:
+    if "gold_ctx" in obj:
+      raise DataError(f"{where}: no candidate passages ('ctxs' or 'passages'); this looks like a "
+                      "ScholarQABench task file (it has 'gold_ctx'): build candidate pools from "
+                      "it with `python tools/prepare_data.py --input FILE --output pools.jsonl "
+                      "--qrels pools.qrels`, then rerank pools.jsonl")
     raise DataError(f"{where}: no passages: no 'ctxs' or 'passages' field")
   ctxs = obj[pkey]
   if not isinstance(ctxs, list):
     raise DataError(f"{where}: '{pkey}' must be a list, got {_type_name(ctxs)}")
   if not ctxs:
     raise DataError(f"{where}: '{pkey}' is empty (zero passages)")
-  passages = []
-  for i, ctx in enumerate(ctxs):
-    at = f"{where} {pkey}[{i}]"
-    if not isinstance(ctx, dict):
-      raise DataError(f"{at}: expected an object, got {_type_name(ctx)}")
-    if "text" not in ctx:
-      raise DataError(f"{at}: missing 'text'")
-    text = ctx["text"]
-    if not isinstance(text, str):
-      raise DataError(f"{at}: 'text' must be a string, got {_type_name(text)}")
-    title = ctx.get("title")
-    if title is None:
-      title = ""
-    if not isinstance(title, str):
-      raise DataError(f"{at}: 'title' must be a string, got {_type_name(title)}")
-    passages.append(InferencePassage(title=title, text=text,
-                                     sentences=tuple(split_sentences(text)),
-                                     passage_id=_optional_id(ctx.get("id"))))
+  passages = [_passage(ctx) for ctx in ctxs]
   return InferenceRecord(query=query, passages=tuple(passages), passage_key=pkey, raw=obj,
                          record_id=_optional_id(obj.get("id")))
+
+
+def _passage(ctx: Any) -> InferencePassage:
+  """One candidate passage; an unusable one is kept with zero sentences and its reason."""
+  if isinstance(ctx, str):
+    ctx = {"text": ctx}
+  if not isinstance(ctx, dict):
+    return InferencePassage("", "", (), None, skipped=f"passage is {_type_name(ctx)}, not an object")
+  title = ctx.get("title")
+  title = title if isinstance(title, str) else ""  # an odd title is not scored anyway
+  pid = _optional_id(ctx.get("id"))
+  if "text" not in ctx:
+    return InferencePassage(title, "", (), pid, skipped="no 'text' field")
+  text = ctx["text"]
+  if not isinstance(text, str):
+    return InferencePassage(title, "", (), pid, skipped=f"text is {_type_name(text)}")
+  if not text.strip():
+    return InferencePassage(title, text, (), pid, skipped="text is empty")
+  return InferencePassage(title=title, text=text, sentences=tuple(split_sentences(text)),
+                          passage_id=pid)
 
 
 def parse_inference_line(line: str, lineno: int, where: str) -> InputLine:

@@ -128,6 +128,10 @@ class PackInfo:
             for s in info.truncated_sentences]
 
 
+class BucketOverflowError(ConfigError):
+  """A batch needs more rows, spans, nodes or query slots than the largest bucket."""
+
+
 def bucket_size(n: int, buckets: Sequence[int], name: str) -> int:
   """Return the smallest bucket >= n.
 
@@ -138,12 +142,25 @@ def bucket_size(n: int, buckets: Sequence[int], name: str) -> int:
 
   Returns:
     The bucket.
+
+  Raises:
+    BucketOverflowError: n is larger than every bucket (the inference engine catches it and
+      splits the batch; `grown_buckets` extends a bucket list instead).
   """
   for b in buckets:
     if b >= n:
       return int(b)
-  raise ConfigError(f"batch needs {n} but the largest of PackingConfig.{name} is {buckets[-1]}; "
-                    "add a bucket or make the batch smaller")
+  raise BucketOverflowError(f"batch needs {n} but the largest of PackingConfig.{name} is "
+                            f"{buckets[-1]}; add a bucket or make the batch smaller")
+
+
+def grown_buckets(buckets: Sequence[int], n: int) -> tuple[int, ...]:
+  """`buckets` extended by doubling its largest until one covers `n` (still a small fixed set
+  of shapes: one more compilation per doubling, never one per size)."""
+  out = [int(b) for b in buckets]
+  while out[-1] < n:
+    out.append(out[-1] * 2)
+  return tuple(out)
 
 
 def _validate(queries) -> None:

@@ -239,6 +239,8 @@ class LoGReranker(nn.Module):
   these methods, so the forward has one home:
 
     local_nodes(batch)                      local stage: per-node features [Q, N, ...]
+    sentence_graph(features, node_passage, node_mask)
+                                            the typed sentence graph (eq 8-10) alone
     global_logits(features, node_passage, node_mask)
                                             global stage: graph build + GAT -> logits [Q, N]
     __call__(batch)                         both, composed (the full model)
@@ -272,6 +274,12 @@ class LoGReranker(nn.Module):
     flat = spans_to_nodes(span_out, batch["span_node"], q * n)  # each [Q*N, ...]
     return {k: v.reshape((q, n) + v.shape[1:]) for k, v in flat.items()}
 
+  def sentence_graph(self, features: Mapping[str, jax.Array], node_passage: jax.Array,
+                     node_mask: jax.Array):
+    """The typed sentence graph (eq 8-10) of node features [Q, N, ...] (no params)."""
+    return build_sentence_graph(features["h"], features["role_probs"], features["local_score"],
+                                node_passage, node_mask, self.cfg.graph_build_config)
+
   def global_logits(self, features: Mapping[str, jax.Array], node_passage: jax.Array,
                     node_mask: jax.Array, deterministic: bool = True):
     """Global stage (eq 7-16): build the typed sentence graph and run the GAT.
@@ -288,7 +296,7 @@ class LoGReranker(nn.Module):
     """
     q, n = node_mask.shape
     h, roles, z = features["h"], features["role_probs"], features["local_score"]
-    graph = build_sentence_graph(h, roles, z, node_passage, node_mask, self.cfg.graph_build_config)
+    graph = self.sentence_graph(features, node_passage, node_mask)
     logit = self.gat(h.reshape(q * n, -1), roles.reshape(q * n, NUM_ROLES), z.reshape(q * n),
                      graph, deterministic=deterministic)
     logit = jnp.where(node_mask, logit.astype(jnp.float32).reshape(q, n), 0.0)
@@ -318,9 +326,7 @@ class LoGReranker(nn.Module):
       glogit, graph = self.global_logits(nodes, batch["node_passage"], node_mask, deterministic)
     else:
       # The graph is still built: the structured context expands over it.
-      glogit, graph = None, build_sentence_graph(
-          nodes["h"], nodes["role_probs"], nodes["local_score"], batch["node_passage"],
-          node_mask, self.cfg.graph_build_config)
+      glogit, graph = None, self.sentence_graph(nodes, batch["node_passage"], node_mask)
     out = {k: v.reshape((q * n,) + v.shape[2:]) for k, v in nodes.items()}
     out["node_mask"] = node_mask.reshape(q * n)
     out["graph"] = graph
