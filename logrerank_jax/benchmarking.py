@@ -554,7 +554,7 @@ def pipeline_suite(pools: Sequence[dict], tokenizer, size: str, num_passages: Op
 
 def _clear_split_cache():
   """Forget cached sentence splits, so the host-side split is timed for real."""
-  sentences._split_cached.cache_clear()  # pylint: disable=protected-access
+  sentences.clear_cache()
 
 
 def _truncate(pool: dict, k: Optional[int]) -> dict:

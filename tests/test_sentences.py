@@ -81,7 +81,7 @@ def test_non_string_is_data_error(bad):
 
 def test_real_slices_partition_and_speed(scifact_records, pubmed_records):
   texts = _real_texts(scifact_records) + _real_texts(pubmed_records)
-  sentences._split_cached.cache_clear()  # time real splitting, not cache hits
+  sentences.clear_cache()  # time real splitting, not cache hits
   start = time.perf_counter()
   results = [split_sentences(t) for t in texts]
   elapsed = time.perf_counter() - start
@@ -146,12 +146,12 @@ class _AlteringSegmenter:
 ], ids=["altered_piece_not_found", "skipped_piece", "dropped_tail"])
 def test_segmenter_that_alters_text_loses_nothing(monkeypatch, pieces, expected):
   text = "One two. three four. Five six."
-  monkeypatch.setattr(sentences, "_segmenter", lambda: _AlteringSegmenter(pieces))
-  sentences._split_cached.cache_clear()  # results are cached per text
+  monkeypatch.setattr(sentences, "_segmenter", lambda backend="sentencex": _AlteringSegmenter(pieces))
+  sentences.clear_cache()  # results are cached per text
   try:
     got = split_sentences(text)
   finally:
-    sentences._split_cached.cache_clear()
+    sentences.clear_cache()
   assert [s.text for s in got] == expected
   _assert_partition(text, got)
 
@@ -173,12 +173,12 @@ def test_segmenter_that_alters_text_loses_nothing(monkeypatch, pieces, expected)
 def test_false_split_repairs(monkeypatch, pieces, expected):
   """pysbd boundaries seen on real abstracts are repaired (or kept) as documented."""
   text = "".join(pieces)
-  monkeypatch.setattr(sentences, "_segmenter", lambda: _AlteringSegmenter(pieces))
-  sentences._split_cached.cache_clear()
+  monkeypatch.setattr(sentences, "_segmenter", lambda backend="sentencex": _AlteringSegmenter(pieces))
+  sentences.clear_cache()
   try:
     got = split_sentences(text)
   finally:
-    sentences._split_cached.cache_clear()
+    sentences.clear_cache()
   assert [s.text for s in got] == expected
   _assert_partition(text, got)
 
