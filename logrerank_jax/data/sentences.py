@@ -57,13 +57,35 @@ _TERMINAL = re.compile(r"[.!?:;\u2026][\"'\u201d\u2019)\]]*$")
 # before segmenting.
 _ENUMERATOR = re.compile(r"\((?:\d{1,2}|[ivx]{1,4}|[a-h])\)(?=\s)")
 _ANGLE_TO_EQUALS = str.maketrans("<>", "==")
+_NON_ASCII = re.compile(r"[^\x00-\x7f]")
+_QUOTES = {"\u201c": '"', "\u201d": '"', "\u201e": '"', "\u201f": '"', "\u00ab": '"', "\u00bb": '"',
+           "\u2018": "'", "\u2019": "'", "\u201a": "'", "\u201b": "'", "\u2026": ".",
+           "\u2010": "-", "\u2011": "-", "\u2012": "-", "\u2013": "-", "\u2014": "-", "\u2212": "-"}
+
+
+@functools.lru_cache(maxsize=4096)
+def _ascii_char(ch: str) -> str:
+  """One ASCII character that plays the role of `ch` for sentence splitting."""
+  if ch in _QUOTES:
+    return _QUOTES[ch]
+  if ch.isspace():
+    return " "
+  if ch.isupper():
+    return "X"
+  if ch.isdigit():
+    return "0"
+  return "x"
+
+
+def _ascii_stand_in(m: re.Match) -> str:
+  return _ascii_char(m.group())
 # Sentence ends sentencex misses: a line break; and a period before a capital
 # after a unit or an acronym ("12 mo. Glomerular", "30 min. The", "lacking HR.
 # Treatment"): sentencex's abbreviation list holds units that do end sentences
 # in scientific text.  Candidates are found first (fast literal scan), then the
 # token before the period is checked on a short window.
-_MISSED_END_CANDIDATE = re.compile(
-    r"\.[\"'\u201d\u2019)\]]*[ \t\u00a0]+(?=[A-Z][a-z]|[A-Z]{2,}\b)|(?<=\S)[ \t]*\r?\n\s*(?=\S)")
+_PERIOD_BEFORE_CAPITAL = re.compile(r"\.[\"'\u201d\u2019)\]]*[ \t\u00a0]+(?=[A-Z][a-z]|[A-Z]{2,}\b)")
+_LINE_BREAK = re.compile(r"\n\s*(?=\S)")
 _UNIT_OR_ACRONYM = re.compile(r"(?:\d\s?[A-Za-z\u00b5][A-Za-z\u00b5/]{0,5}|(?<![A-Za-z.])[A-Z][A-Z0-9]+)$")
 # "twofold: 1. to determine ... and 2. to assess": a numbered item, not a sentence end.
 _LIST_NUMBER = re.compile(r"(?:^|\s)\d{1,2}\.$")
@@ -81,7 +103,14 @@ class _SentencexSegmenter:
     self._segment = sentencex.segment
 
   def segment(self, text: str):
-    return list(self._segment("en", text))
+    try:
+      return list(self._segment("en", text))
+    except BaseException as e:  # pylint: disable=broad-except
+      # pyo3 panics derive from BaseException; never let one stop a query:
+      # fall back to one piece (the post-fixes still split at line breaks).
+      if type(e).__name__ != "PanicException":
+        raise
+      return [text]
 
 
 @functools.lru_cache(maxsize=None)
@@ -134,10 +163,16 @@ def _trimmed(text: str, spans) -> list[tuple[int, int]]:
 def _masked(text: str) -> str:
   """`text` as sentencex should see it; same length, so offsets carry over.
 
-  List markers "(1)", "(ii)", "(a)" are blanked, and "<", ">" become "=":
-  sentencex skips text between "<" and ">" as if it were markup, so
-  "pH of<5.5. The mean ... had>or =3" lost every boundary in between.
+  Non-ASCII characters get a one-character ASCII stand-in: sentencex 1.0.32
+  mixes byte and character positions, so multi-byte characters ("±", "µ",
+  thin spaces) made it miss boundaries, and some strings made it panic
+  ("end byte index 7 is not a char boundary").  List markers "(1)", "(ii)",
+  "(a)" are blanked, and "<", ">" become "=": sentencex skips text between
+  "<" and ">" as if it were markup, so "pH of<5.5. The mean ... had>or =3"
+  lost every boundary in between.
   """
+  if not text.isascii():
+    text = _NON_ASCII.sub(_ascii_stand_in, text)
   if "<" in text or ">" in text:
     text = text.translate(_ANGLE_TO_EQUALS)
   if "(" not in text:
@@ -150,8 +185,10 @@ def _masked(text: str) -> str:
 
 def _forced_breaks(text: str, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
   """Split spans at line breaks and at the sentence ends sentencex misses (units, acronyms)."""
-  starts = [m.end() for m in _MISSED_END_CANDIDATE.finditer(text)
-            if m.group()[0] != "." or _UNIT_OR_ACRONYM.search(text, max(0, m.start() - 12), m.start())]
+  starts = [m.end() for m in _PERIOD_BEFORE_CAPITAL.finditer(text)
+            if _UNIT_OR_ACRONYM.search(text, max(0, m.start() - 12), m.start())]
+  if "\n" in text:
+    starts = sorted(set(starts).union(m.end() for m in _LINE_BREAK.finditer(text)))
   if not starts:
     return spans
   out, i = [], 0
@@ -181,8 +218,9 @@ def _raw_spans(text: str, backend: str) -> list[tuple[int, int]]:
         if end > cursor:
           spans.append((cursor, end))
           cursor = end
-      if spans:
-        spans[-1] = (spans[-1][0], len(text))
+      # The tail (trailing blanks, or the whole text when it was only markers)
+      # joins the last sentence.
+      spans[-1:] = [(spans[-1][0] if spans else 0, len(text))]
       return _trimmed(text, _forced_breaks(text, spans))
   else:
     pieces = _segmenter(backend).segment(text)
@@ -220,7 +258,7 @@ def _is_false_split(text: str, prev: tuple[int, int], nxt: tuple[int, int], back
   # patterns are anchored there and short); slicing keeps this O(1) per boundary.
   left, right = text[max(prev[0], prev[1] - 24):prev[1]], text[nxt[0]:min(nxt[1], nxt[0] + 4)]
   gap = text[prev[1]:nxt[0]]
-  if backend == "sentencex" and "\n" not in gap and _LIST_NUMBER.search(left) and right[0].islower():
+  if backend == "sentencex" and right[0].islower() and "\n" not in gap and _LIST_NUMBER.search(left):
     return True
   if _NEVER_FINAL.search(left):
     return True
