@@ -84,9 +84,18 @@ def _ascii_stand_in(m: re.Match) -> str:
 # Treatment"): sentencex's abbreviation list holds units that do end sentences
 # in scientific text.  Candidates are found first (fast literal scan), then the
 # token before the period is checked on a short window.
-_PERIOD_BEFORE_CAPITAL = re.compile(r"\.[\"'\u201d\u2019)\]]*[ \t\u00a0]+(?=[A-Z][a-z]|[A-Z]{2,}\b)")
+_PERIOD_BEFORE_CAPITAL = re.compile(r"(\.[\"'\u201d\u2019)\]]*)[ \t\u00a0]+(?=[A-Z][a-z0-9]|[A-Z]{2,}\b)")
 _LINE_BREAK = re.compile(r"\n\s*(?=\S)")
 _UNIT_OR_ACRONYM = re.compile(r"(?:\d\s?[A-Za-z\u00b5][A-Za-z\u00b5/]{0,5}|(?<![A-Za-z.])[A-Z][A-Z0-9]+)$")
+# A plain word (3+ lowercase letters) or a number/closing bracket before the
+# period: sentencex leaves these unsplit only through its bugs (a piece that
+# starts like a list marker, "cm) (P<.001). The ...", or an unclosed "(" as in
+# "(range: a total ... achieved. Rates"), so they are split here, except after
+# abbreviations of that shape that sentencex rightly keeps.
+_PLAIN_END = re.compile(r"(?:(?<![A-Za-z])[A-Za-z]?[a-z]{3,}|[0-9%])[)\]]*$")
+_KEPT_ABBREV = re.compile(
+    r"(?i:\b(?:approx|suppl|figs?|eqs?|refs?|tab|resp|spp|prof|inc|ltd|corp|dept|univ|assoc|vol|viz|"
+    r"sect|ca|cf|vs|al|no|nos|jan|feb|mar|apr|jun|jul|aug|sep|sept|oct|nov|dec))$")
 # "twofold: 1. to determine ... and 2. to assess": a numbered item, not a sentence end.
 _LIST_NUMBER = re.compile(r"(?:^|\s)\d{1,2}\.$")
 
@@ -185,8 +194,15 @@ def _masked(text: str) -> str:
 
 def _forced_breaks(text: str, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
   """Split spans at line breaks and at the sentence ends sentencex misses (units, acronyms)."""
-  starts = [m.end() for m in _PERIOD_BEFORE_CAPITAL.finditer(text)
-            if _UNIT_OR_ACRONYM.search(text, max(0, m.start() - 12), m.start())]
+  starts = []
+  cuts = {s for s, _ in spans}  # sentencex boundaries (right after a piece's content)
+  for m in _PERIOD_BEFORE_CAPITAL.finditer(text):
+    if m.end(1) in cuts:
+      continue  # sentencex already split here
+    lo = max(0, m.start() - 12)
+    if _UNIT_OR_ACRONYM.search(text, lo, m.start()) or (
+        _PLAIN_END.search(text, lo, m.start()) and not _KEPT_ABBREV.search(text, lo, m.start())):
+      starts.append(m.end())
   if "\n" in text:
     starts = sorted(set(starts).union(m.end() for m in _LINE_BREAK.finditer(text)))
   if not starts:
