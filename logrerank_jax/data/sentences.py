@@ -1,18 +1,22 @@
 """Sentence splitting of scientific text with exact character offsets.
 
-The segmenter is `pysbd` (rule-based, handles abbreviations, decimals, citations
-such as "et al.", "Fig. 2", "e.g.", "p < .001").  pysbd returns sentence strings;
-their offsets are recovered here by aligning the non-whitespace characters of
-each segment to the input, so offsets are exact even where pysbd's own
-`char_span` mode is not (it searches for repeated sentences by content).
+Two segmenters, chosen with `split_sentences(text, backend=...)`:
+  * "sentencex" (default, `DEFAULT_BACKEND`): the compiled (Rust) `sentencex`
+    segmenter, ~0.02 ms per abstract; its pieces tile the text exactly, so
+    offsets are cumulative lengths;
+  * "pysbd": the previous segmenter (rule-based, pure Python, ~70x slower),
+    kept for comparison (tools/splitter_report.py, docs/SENTENCES.md).  pysbd
+    returns sentence strings; their offsets are recovered by aligning the
+    non-whitespace characters of each segment to the input, so offsets are
+    exact even where pysbd's own `char_span` mode is not.
 
-Guarantees of `split_sentences(text)`:
+Guarantees of `split_sentences(text)` (either backend):
   * every sentence is stripped and `text[s.start:s.end] == s.text`;
   * sentences are in order and do not overlap;
   * every non-whitespace character of `text` lies in exactly one sentence.
 
-Post-fixes on top of pysbd (each seen on real ScholarQABench abstracts) undo
-a split
+Post-fixes on top of either segmenter (each seen on real ScholarQABench
+abstracts) undo a split
   * right after an abbreviation that never ends a sentence ("e.g.", "i.e.",
     "vs.", "Fig.", ...) or a lone lowercase letter ("encoding p. Lys27Met");
   * after "et al.", "spp.", "No.", "ca.", "resp.", "ref." or a single letter
@@ -20,9 +24,21 @@ a split
     digit or a bracket;
   * inside a token ("p.Lys27Met", "(P(s)<0.014)"), unless the left piece ends
     in sentence punctuation and the right one starts with a capital;
-  * on one line where the left piece has no final punctuation (pysbd splits
-    enumerations: "The aim was to (a) estimate ...").  Inline section headings
-("BACKGROUND The ...") stay attached to their sentence.
+  * on one line where the left piece has no final punctuation (enumerations:
+    "The aim was to (a) estimate ...").
+Inline section headings ("BACKGROUND The ...", "METHODS AND FINDINGS Data ...")
+start a new sentence (the previous one ended with a period) and stay attached
+to the sentence they introduce.
+
+sentencex-only repairs (its bugs, found on the same abstracts; see `_masked`
+and `_forced_breaks`): it sees ASCII stand-ins for non-ASCII characters, "="
+for "<"/">" and blanks for "(1)"-style list markers (all same-length, so
+offsets hold); it is overruled where it misses a sentence end before a capital
+after a unit or acronym ("12 mo. Glomerular", "cells lacking HR. Treatment"),
+a plain word or a number/bracket, and at line breaks; and "twofold: 1. to
+determine" is not split after "1.".
+
+Splits are cached per (text, backend); `clear_cache()` forgets them.
 """
 
 import functools
