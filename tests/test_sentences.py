@@ -81,7 +81,7 @@ def test_non_string_is_data_error(bad):
 
 def test_real_slices_partition_and_speed(scifact_records, pubmed_records):
   texts = _real_texts(scifact_records) + _real_texts(pubmed_records)
-  sentences._split_cached.cache_clear()  # time real splitting, not cache hits
+  sentences.clear_cache()  # time real splitting, not cache hits
   start = time.perf_counter()
   results = [split_sentences(t) for t in texts]
   elapsed = time.perf_counter() - start
@@ -146,12 +146,12 @@ class _AlteringSegmenter:
 ], ids=["altered_piece_not_found", "skipped_piece", "dropped_tail"])
 def test_segmenter_that_alters_text_loses_nothing(monkeypatch, pieces, expected):
   text = "One two. three four. Five six."
-  monkeypatch.setattr(sentences, "_segmenter", lambda: _AlteringSegmenter(pieces))
-  sentences._split_cached.cache_clear()  # results are cached per text
+  monkeypatch.setattr(sentences, "_segmenter", lambda backend="sentencex": _AlteringSegmenter(pieces))
+  sentences.clear_cache()  # results are cached per text
   try:
     got = split_sentences(text)
   finally:
-    sentences._split_cached.cache_clear()
+    sentences.clear_cache()
   assert [s.text for s in got] == expected
   _assert_partition(text, got)
 
@@ -173,12 +173,12 @@ def test_segmenter_that_alters_text_loses_nothing(monkeypatch, pieces, expected)
 def test_false_split_repairs(monkeypatch, pieces, expected):
   """pysbd boundaries seen on real abstracts are repaired (or kept) as documented."""
   text = "".join(pieces)
-  monkeypatch.setattr(sentences, "_segmenter", lambda: _AlteringSegmenter(pieces))
-  sentences._split_cached.cache_clear()
+  monkeypatch.setattr(sentences, "_segmenter", lambda backend="sentencex": _AlteringSegmenter(pieces))
+  sentences.clear_cache()
   try:
     got = split_sentences(text)
   finally:
-    sentences._split_cached.cache_clear()
+    sentences.clear_cache()
   assert [s.text for s in got] == expected
   _assert_partition(text, got)
 
@@ -191,3 +191,41 @@ def test_real_hgvs_notation_not_split(scifact_records):
     got = split_sentences(t)
     assert any("encoding p. Lys27Met substitutions." in s.text for s in got)
     assert not any(s.text.startswith("Lys27Met") for s in got)
+
+
+@pytest.mark.parametrize("text", [
+    "(1) ", "(ii)\n", ".9\u200aY\u200a.\u00a0(1) (<\u00b5[", "\u2028;1\u00b19The  1. to Y\u2028. \u00e9",
+    " c\u00e9\t)1,HR. '...Y\u00a0\u00a0.]..\t:a",
+], ids=["only_marker", "only_marker_newline", "sentencex_panic_1", "sentencex_panic_2", "sentencex_panic_3"])
+def test_sentencex_edge_inputs_lose_nothing(text):
+  """Inputs that made sentencex panic or left only a blanked list marker: nothing lost, no crash."""
+  for backend in sentences.BACKENDS:
+    _assert_partition(text, split_sentences(text, backend))
+
+
+_SCI_ALPHABET = st.sampled_from(list("abcXYZ019 .!?;:,()[]<>-\n") + [
+    "(1) ", "(ii) ", " 12 mo. ", "HR. ", "The ", " 1. to ", "\u00b1", "\u200a", "\u00a0", "\u201d", "\u2026",
+    "\u2028", "\u00b5", "et al.", "p < 0.05. ", "(P<.001). "])
+
+
+@hypothesis.settings(max_examples=300, deadline=None)
+@hypothesis.given(st.lists(_SCI_ALPHABET, max_size=60).map("".join))
+def test_random_scientific_text_loses_nothing(text):
+  _assert_partition(text, split_sentences(text))
+
+
+def test_unknown_backend_is_data_error():
+  with pytest.raises(DataError, match="unknown sentence splitter backend"):
+    split_sentences("A. B.", backend="nltk")
+
+
+def test_clear_cache_forces_a_real_split(monkeypatch):
+  text = "Cache me. Twice."
+  first = split_sentences(text)
+  monkeypatch.setattr(sentences, "_segmenter", lambda backend="sentencex": _AlteringSegmenter([text]))
+  assert split_sentences(text) == first  # served from the cache
+  sentences.clear_cache()
+  try:
+    assert [s.text for s in split_sentences(text)] == [text]  # the stand-in segmenter ran
+  finally:
+    sentences.clear_cache()

@@ -1,18 +1,22 @@
 """Sentence splitting of scientific text with exact character offsets.
 
-The segmenter is `pysbd` (rule-based, handles abbreviations, decimals, citations
-such as "et al.", "Fig. 2", "e.g.", "p < .001").  pysbd returns sentence strings;
-their offsets are recovered here by aligning the non-whitespace characters of
-each segment to the input, so offsets are exact even where pysbd's own
-`char_span` mode is not (it searches for repeated sentences by content).
+Two segmenters, chosen with `split_sentences(text, backend=...)`:
+  * "sentencex" (default, `DEFAULT_BACKEND`): the compiled (Rust) `sentencex`
+    segmenter, ~0.02 ms per abstract; its pieces tile the text exactly, so
+    offsets are cumulative lengths;
+  * "pysbd": the previous segmenter (rule-based, pure Python, ~70x slower),
+    kept for comparison (tools/splitter_report.py, docs/SENTENCES.md).  pysbd
+    returns sentence strings; their offsets are recovered by aligning the
+    non-whitespace characters of each segment to the input, so offsets are
+    exact even where pysbd's own `char_span` mode is not.
 
-Guarantees of `split_sentences(text)`:
+Guarantees of `split_sentences(text)` (either backend):
   * every sentence is stripped and `text[s.start:s.end] == s.text`;
   * sentences are in order and do not overlap;
   * every non-whitespace character of `text` lies in exactly one sentence.
 
-Post-fixes on top of pysbd (each seen on real ScholarQABench abstracts) undo
-a split
+Post-fixes on top of either segmenter (each seen on real ScholarQABench
+abstracts) undo a split
   * right after an abbreviation that never ends a sentence ("e.g.", "i.e.",
     "vs.", "Fig.", ...) or a lone lowercase letter ("encoding p. Lys27Met");
   * after "et al.", "spp.", "No.", "ca.", "resp.", "ref." or a single letter
@@ -20,14 +24,26 @@ a split
     digit or a bracket;
   * inside a token ("p.Lys27Met", "(P(s)<0.014)"), unless the left piece ends
     in sentence punctuation and the right one starts with a capital;
-  * on one line where the left piece has no final punctuation (pysbd splits
-    enumerations: "The aim was to (a) estimate ...").  Inline section headings
-("BACKGROUND The ...") stay attached to their sentence.
+  * on one line where the left piece has no final punctuation (enumerations:
+    "The aim was to (a) estimate ...").
+Inline section headings ("BACKGROUND The ...", "METHODS AND FINDINGS Data ...")
+start a new sentence (the previous one ended with a period) and stay attached
+to the sentence they introduce.
+
+sentencex-only repairs (its bugs, found on the same abstracts; see `_masked`
+and `_forced_breaks`): it sees ASCII stand-ins for non-ASCII characters, "="
+for "<"/">" and blanks for "(1)"-style list markers (all same-length, so
+offsets hold); it is overruled where it misses a sentence end before a capital
+after a unit or acronym ("12 mo. Glomerular", "cells lacking HR. Treatment"),
+a plain word or a number/bracket, and at line breaks; and "twofold: 1. to
+determine" is not split after "1.".
+
+Splits are cached per (text, backend); `clear_cache()` forgets them.
 """
 
 import functools
 import re
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 from logrerank_jax.errors import DataError
 
@@ -52,10 +68,81 @@ _GLUED_INITIAL = re.compile(r"(?:^|[^A-Za-z])[A-Za-z]\.$")
 # Sentence-final punctuation, possibly followed by closing quotes or brackets.
 _TERMINAL = re.compile(r"[.!?:;\u2026][\"'\u201d\u2019)\]]*$")
 
+# sentencex-only repairs.  A list marker "(1) ", "(ii) ", "(a) " at the start of a
+# segment makes sentencex stop splitting the rest of it, so markers are blanked
+# before segmenting.
+_ENUMERATOR = re.compile(r"\((?:\d{1,2}|[ivx]{1,4}|[a-h])\)(?=\s)")
+_ANGLE_TO_EQUALS = str.maketrans("<>", "==")
+_NON_ASCII = re.compile(r"[^\x00-\x7f]")
+_QUOTES = {"\u201c": '"', "\u201d": '"', "\u201e": '"', "\u201f": '"', "\u00ab": '"', "\u00bb": '"',
+           "\u2018": "'", "\u2019": "'", "\u201a": "'", "\u201b": "'", "\u2026": ".",
+           "\u2010": "-", "\u2011": "-", "\u2012": "-", "\u2013": "-", "\u2014": "-", "\u2212": "-"}
 
-@functools.lru_cache(maxsize=1)
-def _segmenter():
-  """Return the shared pysbd segmenter (construction is cheap but rules compile once)."""
+
+@functools.lru_cache(maxsize=4096)
+def _ascii_char(ch: str) -> str:
+  """One ASCII character that plays the role of `ch` for sentence splitting."""
+  if ch in _QUOTES:
+    return _QUOTES[ch]
+  if ch.isspace():
+    return " "
+  if ch.isupper():
+    return "X"
+  if ch.isdigit():
+    return "0"
+  return "x"
+
+
+def _ascii_stand_in(m: re.Match) -> str:
+  return _ascii_char(m.group())
+# Sentence ends sentencex misses: a line break; and a period before a capital
+# after a unit or an acronym ("12 mo. Glomerular", "30 min. The", "lacking HR.
+# Treatment"): sentencex's abbreviation list holds units that do end sentences
+# in scientific text.  Candidates are found first (fast literal scan), then the
+# token before the period is checked on a short window.
+_PERIOD_BEFORE_CAPITAL = re.compile(r"(\.[\"'\u201d\u2019)\]]*)[ \t\u00a0]+(?=[A-Z][a-z0-9]|[A-Z]{2,}\b)")
+_LINE_BREAK = re.compile(r"\n\s*(?=\S)")
+_UNIT_OR_ACRONYM = re.compile(r"(?:\d\s?[A-Za-z\u00b5][A-Za-z\u00b5/]{0,5}|(?<![A-Za-z.])[A-Z][A-Z0-9]+)$")
+# A plain word (3+ lowercase letters) or a number/closing bracket before the
+# period: sentencex leaves these unsplit only through its bugs (a piece that
+# starts like a list marker, "cm) (P<.001). The ...", or an unclosed "(" as in
+# "(range: a total ... achieved. Rates"), so they are split here, except after
+# abbreviations of that shape that sentencex rightly keeps.
+_PLAIN_END = re.compile(r"(?:(?<![A-Za-z])[A-Za-z]?[a-z]{3,}|[0-9%])[)\]]*$")
+_KEPT_ABBREV = re.compile(
+    r"(?i:\b(?:approx|suppl|figs?|eqs?|refs?|tab|resp|spp|prof|inc|ltd|corp|dept|univ|assoc|vol|viz|"
+    r"sect|ca|cf|vs|al|no|nos|jan|feb|mar|apr|jun|jul|aug|sep|sept|oct|nov|dec))$")
+# "twofold: 1. to determine ... and 2. to assess": a numbered item, not a sentence end.
+_LIST_NUMBER = re.compile(r"(?:^|\s)\d{1,2}\.$")
+
+
+BACKENDS = ("sentencex", "pysbd")
+DEFAULT_BACKEND = "sentencex"
+
+
+class _SentencexSegmenter:
+  """`sentencex` (compiled, Rust) behind the `segment(text) -> pieces` interface of pysbd."""
+
+  def __init__(self):
+    import sentencex  # pylint: disable=g-import-not-at-top
+    self._segment = sentencex.segment
+
+  def segment(self, text: str):
+    try:
+      return list(self._segment("en", text))
+    except BaseException as e:  # pylint: disable=broad-except
+      # pyo3 panics derive from BaseException; never let one stop a query:
+      # fall back to one piece (the post-fixes still split at line breaks).
+      if type(e).__name__ != "PanicException":
+        raise
+      return [text]
+
+
+@functools.lru_cache(maxsize=None)
+def _segmenter(backend: str = DEFAULT_BACKEND):
+  """Return the shared segmenter of `backend` (rules compile once)."""
+  if backend == "sentencex":
+    return _SentencexSegmenter()
   import pysbd  # pylint: disable=g-import-not-at-top
   return pysbd.Segmenter(language="en", clean=False, char_span=False)
 
@@ -86,11 +173,93 @@ def _nonspace_positions(text: str, start: int, piece: str):
   return (first, last, pos)
 
 
-def _raw_spans(text: str) -> list[tuple[int, int]]:
-  """Return [start, end) spans of pysbd segments, covering all non-whitespace characters."""
+def _trimmed(text: str, spans) -> list[tuple[int, int]]:
+  """The spans without leading/trailing whitespace; whitespace-only spans dropped."""
+  out = []
+  for s, e in spans:
+    seg = text[s:e]
+    ls = len(seg) - len(seg.lstrip())
+    rs = len(seg) - len(seg.rstrip())
+    if e - rs > s + ls:
+      out.append((s + ls, e - rs))
+  return out
+
+
+def _masked(text: str) -> str:
+  """`text` as sentencex should see it; same length, so offsets carry over.
+
+  Non-ASCII characters get a one-character ASCII stand-in: sentencex 1.0.32
+  mixes byte and character positions, so multi-byte characters ("±", "µ",
+  thin spaces) made it miss boundaries, and some strings made it panic
+  ("end byte index 7 is not a char boundary").  List markers "(1)", "(ii)",
+  "(a)" are blanked, and "<", ">" become "=": sentencex skips text between
+  "<" and ">" as if it were markup, so "pH of<5.5. The mean ... had>or =3"
+  lost every boundary in between.
+  """
+  if not text.isascii():
+    text = _NON_ASCII.sub(_ascii_stand_in, text)
+  if "<" in text or ">" in text:
+    text = text.translate(_ANGLE_TO_EQUALS)
+  if "(" not in text:
+    return text
+  def blank(m):
+    at = m.start()
+    return " " * len(m.group()) if at == 0 or text[at - 1].isspace() else m.group()
+  return _ENUMERATOR.sub(blank, text)
+
+
+def _forced_breaks(text: str, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+  """Split spans at line breaks and at the sentence ends sentencex misses (units, acronyms)."""
+  starts = []
+  cuts = {s for s, _ in spans}  # sentencex boundaries (right after a piece's content)
+  for m in _PERIOD_BEFORE_CAPITAL.finditer(text):
+    if m.end(1) in cuts:
+      continue  # sentencex already split here
+    lo = max(0, m.start() - 12)
+    if _UNIT_OR_ACRONYM.search(text, lo, m.start()) or (
+        _PLAIN_END.search(text, lo, m.start()) and not _KEPT_ABBREV.search(text, lo, m.start())):
+      starts.append(m.end())
+  if "\n" in text:
+    starts = sorted(set(starts).union(m.end() for m in _LINE_BREAK.finditer(text)))
+  if not starts:
+    return spans
+  out, i = [], 0
+  for s, e in spans:
+    while i < len(starts) and starts[i] <= s:
+      i += 1
+    while i < len(starts) and starts[i] < e:
+      out.append((s, starts[i]))
+      s = starts[i]
+      i += 1
+    out.append((s, e))
+  return out
+
+
+def _raw_spans(text: str, backend: str) -> list[tuple[int, int]]:
+  """Return [start, end) spans of the segmenter's pieces, covering all non-whitespace characters."""
+  if backend == "sentencex":
+    masked = _masked(text)
+    pieces = _segmenter(backend).segment(masked)
+    if "".join(pieces) == masked:
+      # The pieces tile the (masked) text: cut after each piece's content, so
+      # trailing blanked list markers open the next sentence, then trim on `text`.
+      spans, cursor, pos = [], 0, 0
+      for piece in pieces:
+        end = pos + len(piece.rstrip())
+        pos += len(piece)
+        if end > cursor:
+          spans.append((cursor, end))
+          cursor = end
+      # The tail (trailing blanks, or the whole text when it was only markers)
+      # joins the last sentence.
+      spans[-1:] = [(spans[-1][0] if spans else 0, len(text))]
+      return _trimmed(text, _forced_breaks(text, spans))
+  else:
+    pieces = _segmenter(backend).segment(text)
+  pieces = _segmenter(backend).segment(text) if backend == "sentencex" else pieces
   spans: list[tuple[int, int]] = []
   cursor = 0
-  for piece in _segmenter().segment(text):
+  for piece in pieces:
     aligned = _nonspace_positions(text, cursor, piece)
     if aligned is None:
       # pysbd changed characters: resynchronise on the stripped piece if it
@@ -112,20 +281,17 @@ def _raw_spans(text: str) -> list[tuple[int, int]]:
   if text[cursor:].strip():
     spans.append((cursor, len(text)))
   # Trim: every span must start and end on a non-whitespace character.
-  out = []
-  for s, e in spans:
-    seg = text[s:e]
-    ls = len(seg) - len(seg.lstrip())
-    rs = len(seg) - len(seg.rstrip())
-    if e - rs > s + ls:
-      out.append((s + ls, e - rs))
-  return out
+  return _trimmed(text, spans)
 
 
-def _is_false_split(text: str, prev: tuple[int, int], nxt: tuple[int, int]) -> bool:
-  """Whether pysbd's boundary between spans `prev` and `nxt` is not a sentence end."""
-  left, right = text[prev[0]:prev[1]], text[nxt[0]:nxt[1]]
+def _is_false_split(text: str, prev: tuple[int, int], nxt: tuple[int, int], backend: str = "pysbd") -> bool:
+  """Whether the segmenter's boundary between spans `prev` and `nxt` is not a sentence end."""
+  # Only the tail of the left piece and the head of the right one matter (the
+  # patterns are anchored there and short); slicing keeps this O(1) per boundary.
+  left, right = text[max(prev[0], prev[1] - 24):prev[1]], text[nxt[0]:min(nxt[1], nxt[0] + 4)]
   gap = text[prev[1]:nxt[0]]
+  if backend == "sentencex" and right[0].islower() and "\n" not in gap and _LIST_NUMBER.search(left):
+    return True
   if _NEVER_FINAL.search(left):
     return True
   if _MAYBE_FINAL.search(left) and _CONTINUATION_START.match(right):
@@ -137,43 +303,54 @@ def _is_false_split(text: str, prev: tuple[int, int], nxt: tuple[int, int]) -> b
   return not terminal and "\n" not in gap
 
 
-def _merge_false_splits(text: str, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+def _merge_false_splits(text: str, spans: list[tuple[int, int]], backend: str = "pysbd") -> list[tuple[int, int]]:
   """Undo pysbd splits that are not sentence ends (abbreviations, glued tokens, enumerations)."""
   merged: list[tuple[int, int]] = []
   for s, e in spans:
-    if merged and _is_false_split(text, merged[-1], (s, e)):
+    if merged and _is_false_split(text, merged[-1], (s, e), backend):
       merged[-1] = (merged[-1][0], e)
     else:
       merged.append((s, e))
   return merged
 
 
-def split_sentences(text: str) -> list[Sentence]:
+def split_sentences(text: str, backend: Optional[str] = None) -> list[Sentence]:
   """Split `text` into sentences with exact character offsets.
 
   Args:
     text: the passage text.
+    backend: "sentencex" (the default, `DEFAULT_BACKEND`) or "pysbd" (the
+      previous, ~300x slower segmenter, kept for comparison).  The same
+      scientific post-fixes run on either.
 
   Returns:
     The sentences in order; [] for empty or whitespace-only text.
 
   Raises:
-    DataError: `text` is not a string.
+    DataError: `text` is not a string, or `backend` is unknown.
   """
   if not isinstance(text, str):
     raise DataError(f"split_sentences expects a str, got {type(text).__name__}")
+  backend = DEFAULT_BACKEND if backend is None else backend
+  if backend not in BACKENDS:
+    raise DataError(f"unknown sentence splitter backend {backend!r}; expected one of {BACKENDS}")
   if not text.strip():
     return []
-  return list(_split_cached(text))
+  return list(_split_cached(text, backend))
 
 
 @functools.lru_cache(maxsize=8192)
-def _split_cached(text: str) -> tuple[Sentence, ...]:
+def _split_cached(text: str, backend: str) -> tuple[Sentence, ...]:
   """Split `text`; cached because evaluation pools repeat the same passages across queries."""
-  spans = _merge_false_splits(text, _raw_spans(text))
+  spans = _merge_false_splits(text, _raw_spans(text, backend), backend)
   return tuple(Sentence(text[s:e], s, e) for s, e in spans)
 
 
-def split_sentence_texts(text: str) -> list[str]:
-  """Return only the sentence strings of `split_sentences(text)`."""
-  return [s.text for s in split_sentences(text)]
+def clear_cache() -> None:
+  """Forget all cached splits (e.g. to time real splitting rather than cache hits)."""
+  _split_cached.cache_clear()
+
+
+def split_sentence_texts(text: str, backend: Optional[str] = None) -> list[str]:
+  """Return only the sentence strings of `split_sentences(text, backend)`."""
+  return [s.text for s in split_sentences(text, backend)]
