@@ -18,6 +18,12 @@ Training is `python tools/train.py --config configs/local_stage.py` (then global
 conversion from PyTorch is `logrerank_jax.convert`; see README.md and docs/ARCHITECTURE.md.
 """
 
+import os as _os
+
+# transformers prints an advisory "PyTorch was not found" line at import on machines without
+# torch, where the library needs only its tokenizers; say it once in the docs, not on every run.
+_os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
 from logrerank_jax.errors import CheckpointError, ConfigError, DataError, LogRerankError
 from logrerank_jax.inference import Reranker
 from logrerank_jax.models.log_reranker import LoGConfig, LoGReranker, ablation

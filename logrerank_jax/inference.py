@@ -11,10 +11,15 @@ Library entry point (stable; `tools/rerank.py`, `tools/evaluate.py` and the note
 The output dicts are the "log" format of `logrerank_jax.results` (typed `RerankResult` /
 `RecordError` inside the library, `to_dict()` at the edge).
 
-Shapes.  Queries are packed `queries_per_batch` at a time with `pack_for_model`; the query axis
-is always padded to `queries_per_batch` slots and rows, spans and nodes to the `PackingConfig`
-buckets, so the forward (`LoGReranker`, local -> graph -> global in one `jax.jit` with the config
-static) sees only a small fixed set of shapes and compiles once per shape bucket.
+Any pool size, default settings.  The local stage (`LoGReranker.local_nodes`, one jit) runs
+over as many packed calls as the queries need: passages are cut into calls that fit the
+largest row/span/node bucket (a query may spread over several calls; a local score depends only
+on its (query, passage) sequence, so this changes no score), `queries_per_batch` slots per
+call. The global stage (`LoGReranker.global_logits`, a second jit) then runs on each query's
+whole sentence graph, `queries_per_batch` queries per call, with node buckets grown by doubling
+when a query has more sentences than the largest bucket: a query's graph is never cut. Both
+jits see only a small fixed set of shapes (query slots, rows, spans, nodes all bucketed) and
+compile once per bucket. The limit left is memory; running out names the flags to change.
 
 Compilation count.  `compile_stats()["xla_compilations"]` counts the
 `/jax/core/compile/backend_compile_duration` events (`jax.monitoring`) fired while this
@@ -109,12 +114,26 @@ def enable_compilation_cache(path: str, min_compile_time_secs: float = 0.0) -> s
   return path
 
 
+# Queries up to this many tokens are never cut by default: real scientific questions and claims
+# fit (a 20-word SciFact claim is ~30 WordPiece tokens under a real vocabulary, ~110 under a
+# 1,024-word demo vocabulary).
+DEFAULT_MAX_QUERY_TOKENS = 128
+
+
 def default_packing_config(cfg: lr.LoGConfig, row_len: Optional[int] = None,
-                           max_query_tokens: Optional[int] = None) -> PackingConfig:
-  """Packer settings for inference: rows of `row_len` tokens (default 1024, the paper's input
-  limit), capped by the encoder's positions; queries cut at `max_query_tokens` (default 64)."""
+                           max_query_tokens: Optional[int] = None, **buckets) -> PackingConfig:
+  """Packer settings for inference.
+
+  Rows of `row_len` tokens (default 1024, the paper's input limit), capped by the encoder's
+  positions; queries cut at `max_query_tokens` (default `DEFAULT_MAX_QUERY_TOKENS`, at most
+  half a row so passages keep room); `buckets` (row_buckets, span_buckets,
+  node_buckets) override the packer's defaults. Any pool size works with any buckets: the
+  engine splits a query over several local calls and grows node buckets (module docstring).
+  """
   row_len = min(int(row_len or 1024), cfg.local.encoder.max_position_embeddings)
-  return PackingConfig(row_len=row_len, max_query_tokens=int(max_query_tokens or 64))
+  mqt = int(max_query_tokens) if max_query_tokens else min(DEFAULT_MAX_QUERY_TOKENS, row_len // 2)
+  return PackingConfig(row_len=row_len, max_query_tokens=mqt,
+                       **{k: tuple(v) for k, v in buckets.items() if v})
 
 
 def _check_param_shapes(params, cfg: lr.LoGConfig) -> None:
@@ -236,9 +255,10 @@ class Reranker:
 
     Args:
       path: the folder.
-      **kwargs: `packing`, `queries_per_batch` (see `__init__`), or `row_len` /
-        `max_query_tokens` for the default packing config. Unset ones are read from the folder's
-        info.json `"packing"` entry when it has one (the training run's packer settings).
+      **kwargs: `packing`, `queries_per_batch` (see `__init__`), or `row_len`,
+        `max_query_tokens`, `row_buckets`, `span_buckets`, `node_buckets` for the default packing
+        config (`default_packing_config`). An unset `row_len` is read from the folder's
+        info.json `"packing"` entry when it has one (the training run's row length).
 
     Returns:
       The `Reranker`.
@@ -252,11 +272,14 @@ class Reranker:
       kwargs["_local_only"] = True
     row_len = kwargs.pop("row_len", None)
     max_query_tokens = kwargs.pop("max_query_tokens", None)
+    buckets = {k: kwargs.pop(k) for k in ("row_buckets", "span_buckets", "node_buckets")
+               if kwargs.get(k)}
     if kwargs.get("packing") is None:
+      # The training run's row length travels with the model; the query limit does not (a
+      # training-time limit sized for short demo questions would cut real ones).
       trained = read_info(model_dir).get("packing") or {}
-      kwargs["packing"] = default_packing_config(
-          cfg, row_len or trained.get("row_len"),
-          max_query_tokens or trained.get("max_query_tokens"))
+      kwargs["packing"] = default_packing_config(cfg, row_len or trained.get("row_len"),
+                                                 max_query_tokens, **buckets)
     return cls(params, cfg, tokenizer, **kwargs)
 
   from_dir = from_pretrained  # the earlier name
@@ -286,16 +309,14 @@ class Reranker:
     self._calls += 1
     return out
 
-  def _token_counts(self, records: Sequence[InferenceRecord]) -> List[List[int]]:
-    """Tokens per passage of each record (sentence tokens + per-window overhead): the cost
-    used to cut queries into calls that fit the buckets."""
-    texts = [s for r in records for p in r.sentence_texts for s in p]
-    lens = iter(len(t) for t in self.tokenizer(texts, add_special_tokens=False)["input_ids"]) \
-        if texts else iter(())
-    out = []
-    for r in records:
-      out.append([sum(next(lens) + 1 for _ in p) for p in r.sentence_texts])
-    return out
+  def _token_counts(self, records: Sequence[InferenceRecord]):
+    """(query tokens, tokens per passage) of each record: the cost used to cut queries into
+    calls that fit the buckets (one batched tokeniser call)."""
+    texts = [r.query for r in records] + [s for r in records for p in r.sentence_texts for s in p]
+    lens = iter(len(t) for t in self.tokenizer(texts, add_special_tokens=False)["input_ids"])
+    queries = [next(lens) for _ in records]
+    return [(q, [sum(next(lens) + 1 for _ in p) for p in r.sentence_texts])
+            for q, r in zip(queries, records)]
 
   def _local_calls(self, records: Sequence[InferenceRecord]):
     """Cut the records' scorable passages into local-stage calls that fit the buckets.
@@ -307,7 +328,6 @@ class Reranker:
     """
     pk = self.packing
     row_len = pk.row_len
-    qtok = pk.max_query_tokens + 3  # [CLS] q [SEP] ... [SEP] repeated in every window
     # Budgets with slack for first-fit fragmentation; a call that still overflows is split.
     token_budget = int(0.85 * pk.row_buckets[-1] * row_len)
     span_budget = pk.span_buckets[-1] - 1
@@ -316,12 +336,14 @@ class Reranker:
     calls, cur, used_tokens, used_spans = [], [], 0, 0
     for ri, rec in enumerate(records):
       slot, slot_nodes = None, 0
+      q_len, p_lens = counts[ri]
+      qtok = min(q_len, pk.max_query_tokens) + 3  # [CLS] q [SEP] ... [SEP] in every window
       for pi, psg in enumerate(rec.passages):
         n = len(psg.sentences)
         if n == 0:
           continue
-        windows = max(1, -(-counts[ri][pi] // max(row_len - qtok, 1)))
-        tokens = counts[ri][pi] + windows * qtok
+        windows = max(1, -(-p_lens[pi] // max(row_len - qtok, 1)))
+        tokens = p_lens[pi] + windows * qtok
         spans = n + windows
         full = cur and (used_tokens + tokens > token_budget or used_spans + spans > span_budget)
         if full or (slot is not None and slot_nodes + n > node_budget):
@@ -572,7 +594,8 @@ def make_result(res: QueryScores, line: Optional[int] = None) -> Result:
   passages = tuple(PassageInfo(index=p, id=ps.passage_id, title=ps.title,
                                num_sentences=len(ps.sentences), num_windows=res.passage_info[p][0],
                                truncated_sentences=tuple(res.passage_info[p][1]),
-                               empty_sentences=tuple(res.passage_info[p][2]))
+                               empty_sentences=tuple(res.passage_info[p][2]),
+                               skipped=ps.skipped)
                    for p, ps in enumerate(rec.passages))
   return RerankResult(line=line, id=rec.record_id, query=rec.query,
                       query_truncated=res.query_truncated, ranked_sentences=tuple(ranked),

@@ -22,7 +22,9 @@ and of a record that cannot be processed (`RecordError.to_dict()`):
 `text == passage_text[start:end]`; `score` is the final score used for ranking (the global
 one, or the local one for a model without a global stage, whose `global_score` is None).
 Sentences are ranked by decreasing score, ties by passage order; `passage_ranking` lists
-passages by their best sentence (`logrerank_jax.ranking`), then passages without sentences.
+passages by their best sentence (`logrerank_jax.ranking`), then passages without sentences,
+so every input passage appears exactly once. A passage whose text was unusable (NaN, null,
+a number, empty) is kept, unranked, at the end, with its reason in `passages[i]["skipped"]`.
 Context units of the flat-list ablation have no predecessor/successor/similar fields.
 """
 
@@ -91,12 +93,13 @@ class PassageInfo:
   num_windows: int                        # sequences its sentences were packed into
   truncated_sentences: Tuple[int, ...]    # sentences cut to fit a row
   empty_sentences: Tuple[int, ...]        # sentences with no tokens
+  skipped: Optional[str] = None           # why it was not scored (unusable text), else None
 
   def to_dict(self) -> Dict[str, Any]:
     return {"index": self.index, "id": self.id, "title": self.title,
             "num_sentences": self.num_sentences, "num_windows": self.num_windows,
             "truncated_sentences": list(self.truncated_sentences),
-            "empty_sentences": list(self.empty_sentences)}
+            "empty_sentences": list(self.empty_sentences), "skipped": self.skipped}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,6 +134,11 @@ class RerankResult:
   passages: Tuple[PassageInfo, ...]    # in input order
   context: Tuple[ContextUnit, ...]
   error = None                         # the field every output record has
+
+  @property
+  def skipped(self) -> List[Tuple[int, str]]:
+    """(passage index, reason) of the passages that could not be scored."""
+    return [(p.index, p.skipped) for p in self.passages if p.skipped is not None]
 
   def to_dict(self) -> Dict[str, Any]:
     return {"line": self.line, "id": self.id, "query": self.query, "error": None,
@@ -172,9 +180,10 @@ def to_openscholar(raw: Any, result: Result) -> dict:
 
   Every input field is kept; the passage list (`ctxs` or `passages`, whichever the input used)
   is reordered by `passage_ranking`, each passage object unchanged. Added keys:
-  `log_passage_order` (original indices, best first) and `log_context` (the context units, whose
-  `passage` indices refer to the ORIGINAL order). A failed record is written back unchanged with
-  an `error` field (a line that was not a JSON object becomes {"error", "line"}).
+  `log_passage_order` (original indices, best first) and `log_context` (the context units: their
+  `passage` is the ORIGINAL index, and `ctx_position` the unit's position in the reordered
+  list written here). A failed record is written back unchanged with an `error` field (a line
+  that was not a JSON object becomes {"error", "line"}).
 
   Args:
     raw: the parsed input object.
@@ -192,7 +201,8 @@ def to_openscholar(raw: Any, result: Result) -> dict:
   pkey = "ctxs" if "ctxs" in raw else "passages"
   out[pkey] = [raw[pkey][p] for p in res["passage_ranking"]]
   out["log_passage_order"] = list(res["passage_ranking"])
-  out["log_context"] = res["context"]
+  position = {p: i for i, p in enumerate(res["passage_ranking"])}
+  out["log_context"] = [dict(u, ctx_position=position[u["passage"]]) for u in res["context"]]
   return out
 
 

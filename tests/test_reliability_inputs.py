@@ -227,14 +227,6 @@ INFERENCE_BAD = [
     ("huge-int", '{"input": ' + "1" * 5000 + "}", "malformed JSON"),
     ("deep-nesting", "[" * 100000 + "]" * 100000, "malformed JSON"),
     ("not-object", "[1, 2, 3]", "expected a JSON object, got list"),
-    ("nan-text", inf(ctxs=[{"title": "t", "text": float("nan")}]), "'text' must be a string, got NaN"),
-    ("null-text", inf(ctxs=[{"title": "t", "text": None}]), "got null"),
-    ("number-text", inf(ctxs=[{"title": "t", "text": 12}]), "got int"),
-    ("dict-text", inf(ctxs=[{"title": "t", "text": {"contexts": ["a"]}}]), "got dict"),
-    ("list-text", inf(ctxs=[{"title": "t", "text": ["a", "b"]}]), "got list"),
-    ("missing-text", inf(ctxs=[{"title": "t"}]), "missing 'text'"),
-    ("number-title", inf(ctxs=[{"title": 3, "text": "x."}]), "'title' must be a string, got int"),
-    ("ctx-not-object", inf(ctxs=["just text"]), "ctxs[0]: expected an object, got str"),
     ("nan-query", inf(input=float("nan")), "'input' must be a non-empty string, got NaN"),
     ("empty-query", inf(input=""), "(empty)"),
     ("missing-query", js({"ctxs": [GOOD_CTX]}), "missing query"),
@@ -243,10 +235,24 @@ INFERENCE_BAD = [
     ("no-passages-field", js({"input": "q"}), "no passages"),
 ]
 
+# Records with one unusable passage (after a good one): kept, that passage skipped with its
+# reason, the rest reranked. (id, line, reason)
+INFERENCE_SKIPPED = [
+    ("nan-text", inf(ctxs=[GOOD_CTX, {"title": "t", "text": float("nan")}]), "text is NaN"),
+    ("null-text", inf(ctxs=[GOOD_CTX, {"title": "t", "text": None}]), "text is null"),
+    ("number-text", inf(ctxs=[GOOD_CTX, {"title": "t", "text": 12}]), "text is int"),
+    ("dict-text", inf(ctxs=[GOOD_CTX, {"title": "t", "text": {"contexts": ["a"]}}]), "text is dict"),
+    ("list-text", inf(ctxs=[GOOD_CTX, {"title": "t", "text": ["a", "b"]}]), "text is list"),
+    ("missing-text", inf(ctxs=[GOOD_CTX, {"title": "t"}]), "no 'text' field"),
+    ("number-title", inf(ctxs=[GOOD_CTX, {"title": 3, "text": "x."}]), "title is int, not a string"),
+    ("ctx-not-object", inf(ctxs=[GOOD_CTX, 3]), "passage is int, not an object"),
+    ("empty-text", inf(ctxs=[GOOD_CTX, {"title": "E", "text": "  "}]), "text is empty"),
+]
+
 # Valid edge records the reader must accept: (id, line, number of sentences per passage).
 INFERENCE_EDGE = [
     ("one-passage", inf(), [2]),
-    ("empty-text", inf(ctxs=[GOOD_CTX, {"title": "E", "text": "  "}]), [2, 0]),
+    ("plain-string-passages", inf(ctxs=["One sentence here. And a second one.", "Third."]), [2, 1]),
     ("200-passages", inf(ctxs=[dict(GOOD_CTX, id=f"d{i}") for i in range(200)]), [2] * 200),
     ("50k-char-passage", inf(ctxs=[{"title": "L", "text": LONG_TEXT}]), [1137]),
     ("sentence-longer-than-window", inf(ctxs=[{"title": "W", "text": WORDS_NO_STOP}]), [1]),
@@ -263,6 +269,9 @@ def test_inference_reader_gives_one_entry_per_line(tmp_path):
   for _, line, counts in INFERENCE_EDGE:
     lines.append(line)
     expect.append((len(lines), counts))
+  for _, line, reason in INFERENCE_SKIPPED:
+    lines.append(line)
+    expect.append((len(lines), ("skipped", reason)))
   lines.append("")
   path = write_lines(tmp_path / "in.jsonl", lines)
   got = read_inference_file(path)
@@ -271,6 +280,10 @@ def test_inference_reader_gives_one_entry_per_line(tmp_path):
     assert entry.line == lineno
     if isinstance(want, str):
       assert_one_line(entry.record, f"{path}:{lineno}", want)
+    elif isinstance(want, tuple):  # a record whose second passage is skipped, nothing lost
+      assert isinstance(entry.record, InferenceRecord), entry.record
+      assert entry.record.skipped == [(1, want[1])]
+      assert len(entry.record.passages[0].sentences) == 2
     else:
       assert isinstance(entry.record, InferenceRecord), entry.record
       assert [len(p.sentences) for p in entry.record.passages] == want
@@ -284,7 +297,7 @@ def rerank_run(tmp_path_factory):
   pools = make_pools(pool_size=3, limit=2)[0]
   model = make_tiny_model(tmp / "model", pools)
   lines = [js(pools[0])] + [c[1] for c in INFERENCE_BAD] + [c[1] for c in INFERENCE_EDGE] \
-      + [js(pools[1])]
+      + [c[1] for c in INFERENCE_SKIPPED] + [js(pools[1])]
   inp = write_lines(tmp / "in.jsonl", lines)
   out = tmp / "out.jsonl"
   proc = subprocess.run(
@@ -300,29 +313,37 @@ def rerank_run(tmp_path_factory):
 
 def test_rerank_cli_strict_keeps_every_record(rerank_run):
   proc, results, pools, n_lines = rerank_run
-  assert proc.returncode == 2, proc.stderr[-2000:]  # --strict: errors -> 2, after writing all
+  assert proc.returncode == 2, proc.stderr[-2000:]  # errors -> 2, after writing all
   assert len(results) == n_lines  # output count = input count
   assert [r["line"] for r in results] == list(range(1, n_lines + 1))
   n_bad = len(INFERENCE_BAD)
   for r, (name, _, needle) in zip(results[1:1 + n_bad], INFERENCE_BAD):
     assert r["error"] and needle in r["error"] and "\n" not in r["error"], (name, r)
+  n_edge = len(INFERENCE_EDGE)
+  skipped = results[1 + n_bad + n_edge:-1]
+  for r, (name, _, reason) in zip(skipped, INFERENCE_SKIPPED):
+    # --strict: a record with a skipped passage is not fully processed -> an error naming it.
+    assert r["error"] == f"passages skipped: ctxs[1] {reason}", (name, r)
   for r in (results[0], results[-1]):
     assert r["error"] is None and r["ranked_sentences"]
-  assert f"{n_lines} records ({n_bad + 1} with errors)" in proc.stderr  # + the 50k-char passage
+  n_err = n_bad + len(INFERENCE_SKIPPED)
+  assert (f"{n_lines - n_err} of {n_lines} records fully processed, 0 with 0 skipped passage(s), "
+          f"{n_err} error(s)") in proc.stderr
 
 
 def test_rerank_cli_edge_records(rerank_run):
   """Edge records are scored or, if they exceed the largest bucket, get their own error."""
   _, results, _, _ = rerank_run
   edge = dict(zip([c[0] for c in INFERENCE_EDGE], results[1 + len(INFERENCE_BAD):-1]))
-  for name in ("one-passage", "empty-text", "sentence-longer-than-window"):
+  for name in ("one-passage", "plain-string-passages", "sentence-longer-than-window"):
     assert edge[name]["error"] is None, edge[name]
-  assert edge["empty-text"]["passages"][1]["num_sentences"] == 0
+  assert [p["num_sentences"] for p in edge["plain-string-passages"]["passages"]] == [2, 1]
   longest = edge["sentence-longer-than-window"]
   assert longest["ranked_sentences"][0]["truncated"] and longest["passages"][0]["truncated_sentences"] == [0]
   assert edge["200-passages"]["error"] is None and len(edge["200-passages"]["ranked_sentences"]) == 400
-  # 1137 sentences need more rows than the largest bucket: a named error for this record alone.
-  assert "largest of PackingConfig.row_buckets" in edge["50k-char-passage"]["error"]
+  # 1137 sentences need more rows than the largest bucket: the engine grows the buckets for it.
+  assert edge["50k-char-passage"]["error"] is None
+  assert len(edge["50k-char-passage"]["ranked_sentences"]) == 1137
 
 
 # ------------------------------------------------------------------------------ pools, qrels, runs
@@ -357,6 +378,7 @@ def test_scholarqabench_bad_line_is_named(tmp_path, scifact_records, line, needl
 
 # tools/evaluate.py read_pools: strict (metrics need every query), the first bad line is named.
 POOL_BAD = [(c[0], c[1], c[2]) for c in INFERENCE_BAD] + [
+    (name, line, f"ctxs[1]: {reason}") for name, line, reason in INFERENCE_SKIPPED] + [
     ("duplicate-query-id", inf(id="g"), "query id 'g' repeats the id of line 1"),
     ("duplicate-passage-id", inf(id="x", ctxs=[GOOD_CTX, GOOD_CTX]), "passage ids repeat"),
 ]

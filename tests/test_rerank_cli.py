@@ -16,11 +16,12 @@ from test_inference import check_output, make_pools, make_tiny_model
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TOOL = ROOT / "tools" / "rerank.py"
 
-# Bad lines mixed into the input, with the message each must produce.
+# Bad lines mixed into the input, with the message each must produce; a record whose only
+# passage is unusable is kept with that passage skipped (`("skipped", reason)`).
 BAD_LINES = [
     ('{"input": "q", "ctxs": [', "malformed JSON"),
-    ('{"id": "nan", "input": "q", "ctxs": [{"title": "t", "text": NaN}]}', "got NaN"),
-    ('{"id": "num", "input": "q", "ctxs": [{"title": "t", "text": 3.5}]}', "got float"),
+    ('{"id": "nan", "input": "q", "ctxs": [{"title": "t", "text": NaN}]}', ("skipped", "text is NaN")),
+    ('{"id": "num", "input": "q", "ctxs": [{"title": "t", "text": 3.5}]}', ("skipped", "text is float")),
     ('{"id": "none", "input": "q", "ctxs": []}', "zero passages"),
     ('{"id": "noq", "ctxs": [{"title": "t", "text": "A sentence."}]}', "missing query"),
 ]
@@ -64,12 +65,14 @@ def test_subprocess_strict_run(setup):
       [sys.executable, str(TOOL), "--checkpoint", model, "--input", str(inp), "--output", str(out),
        "--strict", "--queries-per-batch", "2", "--row-len", "128", "--compilation-cache", str(cache),
        "--no-progress"], capture_output=True, text=True, env=env, timeout=240, check=False)
-  assert proc.returncode == 2, proc.stderr  # --strict: errors -> 2, after writing everything
+  assert proc.returncode == 2, proc.stderr  # errors -> 2, after writing everything
   results = read_jsonl(out)
   assert len(results) == len(expected)
   for i, (res, exp) in enumerate(zip(results, expected)):
     if isinstance(exp, str):
       assert exp in res["error"], (i, res)
+    elif isinstance(exp, tuple):  # --strict: a skipped passage makes the record an error
+      assert res["error"] == f"passages skipped: ctxs[0] {exp[1]}", (i, res)
     else:
       check_output(res, exp)
   # Line numbers are those of the file (the blank line 5 is skipped, not a record).
@@ -78,17 +81,26 @@ def test_subprocess_strict_run(setup):
   assert stat.S_IMODE(os.stat(cache).st_mode) == 0o700
   m = re.search(r"XLA compilations: (\d+) \(persistent-cache hits (\d+).*forward calls (\d+)",
                 proc.stderr)
-  assert m and int(m.group(1)) >= 1 and int(m.group(3)) == 2, proc.stderr  # 3 good queries, 2 per call
+  assert m and int(m.group(1)) >= 1 and int(m.group(3)) >= 2, proc.stderr
+  assert "3 of 8 records fully processed, 0 with 0 skipped passage(s), 5 error(s); first lines: " \
+      "2, 3, 6, 7, 8" in proc.stderr
   # A second process finds the executables in the persistent cache and writes the same output.
   out2 = tmp / "out2.jsonl"
   proc2 = subprocess.run(
       [sys.executable, str(TOOL), "--checkpoint", model, "--input", str(inp), "--output", str(out2),
        "--queries-per-batch", "2", "--row-len", "128", "--compilation-cache", str(cache),
        "--no-progress"], capture_output=True, text=True, env=env, timeout=240, check=False)
-  assert proc2.returncode == 0, proc2.stderr  # same errors, but no --strict
+  assert proc2.returncode == 2, proc2.stderr  # not every record fully processed
+  assert "3 of 8 records fully processed, 2 with 2 skipped passage(s), 3 error(s)" in proc2.stderr
   m2 = re.search(r"XLA compilations: (\d+) \(persistent-cache hits (\d+)", proc2.stderr)
   assert m2 and int(m2.group(2)) == int(m2.group(1)) >= 1, proc2.stderr
-  assert read_jsonl(out2) == results
+  results2 = read_jsonl(out2)
+  for res, res2, exp in zip(results, results2, expected):
+    if isinstance(exp, tuple):  # without --strict: kept, the passage skipped with its reason
+      assert res2["error"] is None and res2["passages"][0]["skipped"] == exp[1]
+      assert res2["passage_ranking"] == [0] and res2["ranked_sentences"] == []
+    else:
+      assert res2 == res
 
 
 def test_in_process_openscholar_round_trip(setup, capsys):
@@ -97,12 +109,17 @@ def test_in_process_openscholar_round_trip(setup, capsys):
   rc = load_tool().main(["--checkpoint", model, "--input", str(inp), "--output", str(out),
                          "--format", "openscholar", "--row-len", "128", "--no-compilation-cache",
                          "--no-progress"])
-  assert rc == 0  # errors without --strict still exit 0
-  assert "5 with errors" in capsys.readouterr().err
+  assert rc == 2  # exit 0 only when every record was fully processed
+  assert "3 of 8 records fully processed, 2 with 2 skipped passage(s), 3 error(s)" in \
+      capsys.readouterr().err
   raw_lines = [line for line in inp.read_text(encoding="utf-8").splitlines() if line.strip()]
   results = read_jsonl(out)
   assert len(results) == len(expected)
   for line, res, exp in zip(raw_lines, results, expected):
+    if isinstance(exp, tuple):  # kept: its one (unusable) passage is written back unchanged
+      assert res["log_passage_order"] == [0]
+      assert json.dumps(res["ctxs"]) == json.dumps(json.loads(line)["ctxs"])
+      continue
     if isinstance(exp, str):
       assert exp in res["error"]
       if exp != "malformed JSON":

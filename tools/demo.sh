@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The README's main command. On a fresh machine: installs the package, trains both LoG stages
 # (tiny config) on the shipped PubMedQA-derived demo data, reranks the 16 held-out real queries,
-# and prints Recall/MAP/nDCG@10 next to BM25. About 5-10 minutes on 2 CPU cores.
+# and prints Recall/MAP/nDCG@10 next to BM25. About 1-2 minutes on 2 CPU cores (README).
 #   bash tools/demo.sh [RUN_DIR]        (default: runs/demo; an existing run is resumed)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,5 +21,8 @@ python tools/rerank.py --checkpoint "$RUN/global" --input "$DEMO/test_queries.js
 echo "== 4/4 evaluate against BM25 (passage ranking, gold context = relevant)"
 python tools/evaluate.py --pools "$DEMO/test_queries.jsonl" --qrels "$DEMO/test.qrels" \
   --checkpoint "$RUN/global" --out-dir "$RUN/eval" --no-progress
-python tools/plot_training.py --workdir "$RUN/local" --workdir "$RUN/global" \
-  --output "$RUN/curves.png" || echo "(no plot: matplotlib is in the [dev] extra)"
+if python -c "import matplotlib" 2>/dev/null; then
+  python tools/plot_training.py --workdir "$RUN/local" --workdir "$RUN/global" --output "$RUN/curves.png"
+else
+  echo "(training curves: pip install matplotlib, then tools/plot_training.py --workdir $RUN/local --workdir $RUN/global)"
+fi

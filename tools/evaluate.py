@@ -61,8 +61,14 @@ def read_pools(path: str):
     if isinstance(line.record, DataError):
       raise line.record
     where = f"{path}:{line.line}"
+    if line.record.skipped:
+      # Metrics need every candidate scored by every system: an unusable passage is an error
+      # here (tools/rerank.py keeps such a record and skips the passage instead).
+      i, why = line.record.skipped[0]
+      raise DataError(f"{where}: {line.record.passage_key}[{i}]: {why}; evaluation pools need "
+                      "a usable text for every candidate")
     rec = line.raw
-    ctxs = rec.get("ctxs", rec.get("passages"))
+    ctxs = [{"text": c} if isinstance(c, str) else c for c in rec.get("ctxs", rec.get("passages"))]
     qid = str(rec.get("id", len(pools)))
     if qid in first_line_of:
       # A repeated query id would silently overwrite the first pool's scores.

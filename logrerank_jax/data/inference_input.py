@@ -15,7 +15,7 @@ title is not scored).
 Nothing about a query is lost to one bad passage: a passage whose text is unusable (NaN, null,
 a number, an object, empty or whitespace only, or no `text` at all) is kept with zero
 sentences and its reason in `InferencePassage.skipped` (e.g. "text is NaN"); the other
-passages are reranked. What makes a whole record a `DataError` (naming the line and field) is
+passages are reranked (a title that is not a string also skips its passage). What makes a whole record a `DataError` (naming the line and field) is
 what leaves nothing to rerank: a line that is not a JSON object, a missing or empty query, no
 passage list or an empty one. `read_inference_file` returns the error in the record's place so
 the caller can report it and carry on with the rest of the file.
@@ -135,8 +135,10 @@ def _passage(ctx: Any) -> InferencePassage:
   if not isinstance(ctx, dict):
     return InferencePassage("", "", (), None, skipped=f"passage is {_type_name(ctx)}, not an object")
   title = ctx.get("title")
-  title = title if isinstance(title, str) else ""  # an odd title is not scored anyway
   pid = _optional_id(ctx.get("id"))
+  if title is not None and not isinstance(title, str):
+    return InferencePassage("", "", (), pid, skipped=f"title is {_type_name(title)}, not a string")
+  title = title or ""
   if "text" not in ctx:
     return InferencePassage(title, "", (), pid, skipped="no 'text' field")
   text = ctx["text"]

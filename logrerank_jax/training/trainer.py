@@ -114,6 +114,23 @@ def _guarded_save(ckpt: Checkpointer, step: int, save) -> None:
         "from it") from None
 
 
+def _last_logged(log_path: str):
+  """(last training loss, last validation metrics) in a run's metrics.jsonl ((None, {}) if none)."""
+  loss, val = None, {}
+  if os.path.exists(log_path):
+    with open(log_path, encoding="utf-8") as f:
+      for line in f:
+        try:
+          rec = json.loads(line)
+        except ValueError:
+          continue  # a line cut by a kill mid-write
+        if rec.get("event") == "train":
+          loss = rec.get("loss")
+        elif rec.get("event") == "val":
+          val = {k: v for k, v in rec.items() if k not in ("event", "step", "epoch")}
+  return loss, val
+
+
 def _check_workdir_writable(workdir: str) -> None:
   """Create `workdir` and prove it writable now, not after hours of training at the first save."""
   try:
@@ -202,7 +219,8 @@ def train_and_evaluate(config, workdir: str) -> Dict[str, Any]:
   write({"event": "start", "stage": config.stage, "step": start, "micro_batches_per_epoch": num_mb,
          "total_micro_steps": total_micro, "devices": num_shards, "processes": nproc,
          "prep_seconds": prep_seconds, "invalid_records_skipped": report.n_invalid, **cache_info})
-  last_loss, val = None, {}
+  # A re-run of a finished (or resumed) run keeps what the earlier run measured.
+  last_loss, val = _last_logged(log_path)
   bar = tqdm(total=total_micro, initial=start, disable=not config.progress_bar or proc != 0,
              desc=f"{config.stage} stage", mininterval=2.0)
   window_t, window_tokens, window_units = time.time(), 0, 0
