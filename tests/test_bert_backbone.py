@@ -219,10 +219,10 @@ def test_local_then_global_stage_from_minilm_then_rerank(minilm_path, tmp_path):
   """Both stages train from the real MiniLM folder; the exported model reranks a real record."""
   from logrerank_jax import Reranker
   from logrerank_jax.training import trainer
-  lines = (DEMO / "train.jsonl").read_text().splitlines()[:2]
+  lines = (DEMO / "train.jsonl").read_text().splitlines()[:1]  # one query, several passages
   (tmp_path / "train.jsonl").write_text("\n".join(lines) + "\n")
   common = dict(train_file=str(tmp_path / "train.jsonl"), val_file="", max_seq_len=128,
-                max_query_tokens=32, max_steps=2, micro_batch_size=2, progress_bar=False,
+                max_query_tokens=32, max_steps=2, micro_batch_size=1, progress_bar=False,
                 dropout=0.0)
   local_wd = tmp_path / "local"
   trainer.train_and_evaluate(_stage_config("local", init_checkpoint=minilm_path, **common),
