@@ -1,11 +1,14 @@
-"""Passage-level baselines for `tools/evaluate.py`: BM25 and a ModernBERT passage cross-encoder.
+"""Passage-level baselines for `tools/evaluate.py`: BM25 and a passage cross-encoder.
 
 BM25: a pool's own `bm25` scores when every candidate carries one (as `tools/prepare_data.py`
 writes them), else `logrerank_jax.data.bm25.BM25Index` over the pool's "title text" strings.
 
-Cross-encoder: an HF `ModernBertForSequenceClassification` folder (`config.json`, weights,
-tokenizer; e.g. gte-reranker-modernbert-base) converted with `load_torch_state_dict` +
-`sequence_classifier_params_from_torch`.  Each candidate is scored as the pair
+Cross-encoder: an HF sequence-classification folder (`config.json`, weights, tokenizer) of
+either encoder family, told apart by config.json's `model_type`:
+`ModernBertForSequenceClassification` (e.g. gte-reranker-modernbert-base; converted with
+`sequence_classifier_params_from_torch`) or `BertForSequenceClassification` (e.g. an
+ms-marco-MiniLM cross-encoder; `bert_sequence_classifier_params_from_torch`, token types 0/1 from
+the tokenizer's pair encoding).  Each candidate is scored as the pair
 `tokenizer(query, "title text")` (`[CLS] q [SEP] p [SEP]`, longest-first truncation to
 `max_len`), the relevance score is the logit of label 0 for a one-label head (label 1 for a
 two-label head).  Pairs are padded to the smallest length bucket that holds them and scored
@@ -49,34 +52,49 @@ def bm25_scores(query: str, ctxs: Sequence[dict]) -> list:
   return [float(s) for s in BM25Index([passage_string(c) for c in ctxs]).scores(query)]
 
 
-def _score_pairs(params, input_ids, attention_mask, cfg, label):
-  """Jitted body: relevance logit of each padded pair ([B, L] -> [B])."""
+def _classifier(cfg):
+  """The sequence-classifier module of an encoder config's family."""
+  from logrerank_jax.models.bert import BertConfig, BertSequenceClassifier
   from logrerank_jax.models.modernbert import ModernBertSequenceClassifier
-  logits = ModernBertSequenceClassifier(cfg).apply({"params": params}, input_ids, attention_mask)
+  return (BertSequenceClassifier if isinstance(cfg, BertConfig)
+          else ModernBertSequenceClassifier)(cfg)
+
+
+def _score_pairs(params, input_ids, attention_mask, token_type_ids, cfg, label):
+  """Jitted body: relevance logit of each padded pair ([B, L] -> [B]).
+
+  `token_type_ids` is None for ModernBERT (it has none).
+  """
+  extra = () if token_type_ids is None else (token_type_ids,)
+  logits = _classifier(cfg).apply({"params": params}, input_ids, attention_mask, *extra)
   return logits[:, label]  # [B] float32
 
 
 class CrossEncoder:
-  """A ModernBERT sequence-classification passage reranker with a jitted, bucketed forward."""
+  """A ModernBERT or BERT sequence-classification passage reranker (jitted, bucketed forward)."""
 
   def __init__(self, params, cfg, tokenizer, max_len: int = 512, batch_size: int = 16,
                length_buckets: Sequence[int] = (64, 128, 256, 512)):
     """Wrap converted params.
 
     Args:
-      params: `ModernBertSequenceClassifier` params.
-      cfg: its `ModernBertConfig`.
+      params: `ModernBertSequenceClassifier` or `BertSequenceClassifier` params.
+      cfg: its `ModernBertConfig` or `BertConfig` (the type picks the model).
       tokenizer: the fast tokenizer of the checkpoint.
       max_len: longest pair in tokens (longer pairs are truncated, longest first).
       batch_size: pairs per jitted call.
       length_buckets: padded lengths; `max_len` is added as the last bucket.
     """
+    from logrerank_jax.models.bert import BertConfig
     if cfg.num_labels not in (1, 2):
       raise ConfigError(f"cross-encoder must have 1 or 2 labels, got num_labels={cfg.num_labels}")
     if max_len < 8 or batch_size < 1:
       raise ConfigError(f"max_len must be >= 8 and batch_size >= 1, got {max_len}, {batch_size}")
     self.cfg, self.tokenizer = cfg, tokenizer
-    self.max_len = min(int(max_len), cfg.max_position_embeddings)
+    # BERT reads token types (0 query, 1 passage) unless its family has one type (RoBERTa).
+    self.uses_token_types = isinstance(cfg, BertConfig) and cfg.type_vocab_size > 1
+    positions = cfg.max_positions if isinstance(cfg, BertConfig) else cfg.max_position_embeddings
+    self.max_len = min(int(max_len), positions)
     self.batch_size = int(batch_size)
     self.buckets = tuple(sorted({b for b in length_buckets if b < self.max_len} | {self.max_len}))
     self.params = jax.device_put(params)
@@ -84,13 +102,17 @@ class CrossEncoder:
 
   @classmethod
   def from_pretrained(cls, path: str, **kwargs) -> "CrossEncoder":
-    """Load an HF ModernBertForSequenceClassification folder (config, weights, tokenizer)."""
-    from logrerank_jax.convert import load_torch_state_dict, sequence_classifier_params_from_torch
+    """Load an HF ModernBertForSequenceClassification or BertForSequenceClassification folder
+    (config, weights, tokenizer); config.json's `model_type` picks the family."""
+    from logrerank_jax.convert import (bert_sequence_classifier_params_from_torch,
+                                       load_torch_state_dict, sequence_classifier_params_from_torch)
     from logrerank_jax.data.tokenization import load_tokenizer
-    from logrerank_jax.models.modernbert import ModernBertConfig
+    from logrerank_jax.models.local_scorer import encoder_config_from_hf, encoder_family
 
-    cfg = ModernBertConfig.from_hf(path)
-    params = sequence_classifier_params_from_torch(load_torch_state_dict(path), cfg)
+    cfg = encoder_config_from_hf(path)
+    convert = {"modernbert": sequence_classifier_params_from_torch,
+               "bert": bert_sequence_classifier_params_from_torch}[encoder_family(cfg)]
+    params = convert(load_torch_state_dict(path), cfg)
     return cls(params, cfg, load_tokenizer(path), **kwargs)
 
   def score(self, query: str, passages: Sequence[str]) -> np.ndarray:
@@ -116,8 +138,14 @@ class CrossEncoder:
     """
     if not pairs:
       return np.zeros((0,), np.float32)
-    enc = self.tokenizer([q for q, _ in pairs], [p for _, p in pairs], truncation="longest_first",
-                         max_length=self.max_len)["input_ids"]
+    encoded = self.tokenizer([q for q, _ in pairs], [p for _, p in pairs],
+                             truncation="longest_first", max_length=self.max_len)
+    enc = encoded["input_ids"]
+    if self.uses_token_types:
+      if "token_type_ids" not in encoded:
+        raise ConfigError("the cross-encoder's tokenizer returns no token_type_ids, which the "
+                          "BERT model reads (0 query, 1 passage)")
+      types = encoded["token_type_ids"]
     pad = self.tokenizer.pad_token_id or 0
     out = np.zeros((len(pairs),), np.float32)
     by_bucket: Dict[int, list] = {}
@@ -129,10 +157,14 @@ class CrossEncoder:
         chunk = idx[start:start + self.batch_size]
         ids = np.full((self.batch_size, length), pad, np.int32)  # [B, L]; filler rows stay padding
         mask = np.zeros((self.batch_size, length), np.int32)
+        tt = np.zeros((self.batch_size, length), np.int32)
         for r, i in enumerate(chunk):
           ids[r, :len(enc[i])] = enc[i]
           mask[r, :len(enc[i])] = 1
-        scores = np.asarray(self._jit(self.params, jnp.asarray(ids), jnp.asarray(mask)))
+          if self.uses_token_types:
+            tt[r, :len(enc[i])] = types[i]
+        scores = np.asarray(self._jit(self.params, jnp.asarray(ids), jnp.asarray(mask),
+                                      jnp.asarray(tt) if self.uses_token_types else None))
         out[chunk] = scores[:len(chunk)]
     return out
 

@@ -1,6 +1,7 @@
 """Convert PyTorch checkpoints to logrerank_jax model folders, and back (see docs/CHECKPOINTS.md).
 
-  # HF ModernBERT folder (e.g. gte-reranker-modernbert-base) -> cross-encoder / encoder folder
+  # HF ModernBERT or BERT-family folder (e.g. gte-reranker-modernbert-base, all-MiniLM-L6-v2,
+  # a BertForSequenceClassification cross-encoder) -> cross-encoder / encoder folder
   python tools/convert_torch.py --hf-model HF_DIR --output OUT [--tokenizer DIR]
   # full LoG-Reranker torch checkpoint -> model folder that tools/rerank.py loads
   python tools/convert_torch.py --log-checkpoint CKPT --log-config model_config.json \
@@ -24,9 +25,12 @@ from typing import Any, Callable, Dict, Optional, Tuple
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 # pylint: disable=g-import-not-at-top
-from logrerank_jax.convert import (load_torch_state_dict, log_params_from_torch,
+from logrerank_jax.convert import (bert_params_from_torch,
+                                   bert_sequence_classifier_params_from_torch,
+                                   load_torch_state_dict, log_params_from_torch,
                                    log_params_to_torch, modernbert_params_from_torch,
                                    sequence_classifier_params_from_torch)
+from logrerank_jax.convert.bert_map import BERT_HEAD_MODULES, BERT_TORCH_PREFIXES
 from logrerank_jax.convert.modernbert_map import HEAD_MODULES, ENCODER_TORCH_PREFIX
 from logrerank_jax.errors import CheckpointError, ConfigError, LogRerankError
 
@@ -111,13 +115,54 @@ def _save_params(path: str, params) -> None:
   ckptr.wait_until_finished()
 
 
+def _convert_modernbert(hf_dir: str, sd, cfg) -> Tuple[Dict[str, Any], bool]:
+  """(params, has classifier) of a ModernBERT state dict."""
+  bare = {k[len(ENCODER_TORCH_PREFIX):] if k.startswith(ENCODER_TORCH_PREFIX) else k for k in sd}
+  with_head = any(k.split(".", 1)[0] in ("head", "classifier") for k in bare)
+  if with_head:
+    return sequence_classifier_params_from_torch(sd, cfg), True
+  if any(k.split(".", 1)[0] in HEAD_MODULES for k in bare):
+    raise CheckpointError(f"{hf_dir} holds a ModernBERT task head other than sequence "
+                          "classification (e.g. a masked-LM decoder); only the encoder or a "
+                          "ModernBertForSequenceClassification checkpoint converts")
+  return {"model": modernbert_params_from_torch(sd, cfg)}, False
+
+
+def _convert_bert(hf_dir: str, sd, cfg) -> Tuple[Dict[str, Any], bool]:
+  """(params, has classifier) of a BERT-family state dict (the pooler of a bare encoder is
+  dropped: the LoG encoder and `BertEncoder` have none)."""
+  def bare(k):
+    for prefix in BERT_TORCH_PREFIXES:
+      if k.startswith(prefix):
+        return k[len(prefix):]
+    return k
+  tops = {bare(k).split(".", 1)[0] for k in sd}
+  if "classifier" in tops:
+    if cfg.model_type != "bert":
+      raise CheckpointError(f"{hf_dir}: a {cfg.model_type} classification head does not convert "
+                            "(only BertForSequenceClassification's pooler + linear head)")
+    return bert_sequence_classifier_params_from_torch(sd, cfg), True
+  other = sorted(tops & set(BERT_HEAD_MODULES))
+  if other:
+    raise CheckpointError(f"{hf_dir} holds a BERT task head other than sequence classification "
+                          f"({other}); only the encoder or a BertForSequenceClassification "
+                          "checkpoint converts")
+  return {"model": bert_params_from_torch(sd, cfg)}, False
+
+
 def convert_hf_model(hf_dir: str, output: str, tokenizer_dir: Optional[str] = None,
                      overwrite: bool = False) -> Dict[str, Any]:
-  """Convert an HF ModernBERT folder into a cross-encoder folder.
+  """Convert an HF ModernBERT or BERT-family folder into a cross-encoder folder.
 
-  Layout: `params/` (orbax; `{"model": encoder, "head": ..., "classifier": ...}` for a
-  ModernBertForSequenceClassification checkpoint, `{"model": encoder}` for a bare encoder),
-  `config.json` (HF-style, read back by `ModernBertConfig.from_hf`), `tokenizer/`, `info.json`.
+  The family comes from config.json's `model_type` (modernbert; bert / roberta / xlm-roberta;
+  a sentence-transformers folder has config.json at its root). Layout: `params/` (orbax),
+  `config.json` (HF-style, read back by the family's `from_hf`), `tokenizer/`, `info.json`
+  (`family`: "modernbert" or "bert"). `params/` holds:
+    ModernBERT: `{"model": encoder, "head": ..., "classifier": ...}` for a
+      ModernBertForSequenceClassification checkpoint, `{"model": encoder}` for a bare encoder;
+    BERT: `{"bert": encoder, "pooler": ..., "classifier": ...}` (`BertSequenceClassifier`) for a
+      BertForSequenceClassification checkpoint, `{"model": encoder}` (`BertEncoder`, no pooler)
+      for a bare encoder.
 
   Args:
     hf_dir: the HF folder (config.json + model.safetensors / pytorch_model.bin, sharded or not).
@@ -128,22 +173,15 @@ def convert_hf_model(hf_dir: str, output: str, tokenizer_dir: Optional[str] = No
   Returns:
     The info dict written to info.json.
   """
-  from logrerank_jax.models.modernbert import ModernBertConfig
-  cfg = ModernBertConfig.from_hf(hf_dir)
+  from logrerank_jax.models.local_scorer import encoder_config_from_hf, encoder_family
+  cfg = encoder_config_from_hf(hf_dir)
+  family = encoder_family(cfg)
   sd = load_torch_state_dict(hf_dir)
-  bare = {k[len(ENCODER_TORCH_PREFIX):] if k.startswith(ENCODER_TORCH_PREFIX) else k for k in sd}
-  with_head = any(k.split(".", 1)[0] in ("head", "classifier") for k in bare)
-  if with_head:
-    params = sequence_classifier_params_from_torch(sd, cfg)
-  else:
-    if any(k.split(".", 1)[0] in HEAD_MODULES for k in bare):
-      raise CheckpointError(f"{hf_dir} holds a ModernBERT task head other than sequence "
-                            "classification (e.g. a masked-LM decoder); only the encoder or a "
-                            "ModernBertForSequenceClassification checkpoint converts")
-    params = {"model": modernbert_params_from_torch(sd, cfg)}
-  info = {"format": CROSS_ENCODER_FORMAT, "source": os.path.abspath(hf_dir),
+  params, with_head = (_convert_modernbert if family == "modernbert" else _convert_bert)(
+      hf_dir, sd, cfg)
+  info = {"format": CROSS_ENCODER_FORMAT, "source": os.path.abspath(hf_dir), "family": family,
           "has_classifier": with_head, "num_labels": cfg.num_labels if with_head else None,
-          "classifier_pooling": cfg.classifier_pooling}
+          "classifier_pooling": getattr(cfg, "classifier_pooling", "cls")}
 
   def fill(tmp):
     _save_params(os.path.join(tmp, "params"), params)
@@ -165,16 +203,17 @@ def load_cross_encoder_folder(path: str) -> Tuple[Dict[str, Any], Any, Any]:
     path: the folder.
 
   Returns:
-    `(params, ModernBertConfig, tokenizer or None)`; `params["model"]` are `ModernBertEncoder`
-    params (local-stage encoder initialisation); with a classifier the whole tree is
-    `ModernBertSequenceClassifier` params (`logrerank_jax.baselines.CrossEncoder(params, cfg,
+    `(params, encoder config, tokenizer or None)`; the config is a `ModernBertConfig` or a
+    `BertConfig` (from config.json's `model_type`). Without a classifier `params["model"]` are
+    the encoder's params (local-stage encoder initialisation); with one the whole tree is the
+    family's sequence-classifier params (`logrerank_jax.baselines.CrossEncoder(params, cfg,
     tokenizer)`).
   """
   import jax
   import numpy as np
   import orbax.checkpoint as ocp
   from logrerank_jax.data.tokenization import load_tokenizer
-  from logrerank_jax.models.modernbert import ModernBertConfig
+  from logrerank_jax.models.local_scorer import encoder_config_from_hf
   info_path = os.path.join(path, "info.json")
   try:
     with open(info_path, encoding="utf-8") as f:
@@ -184,7 +223,7 @@ def load_cross_encoder_folder(path: str) -> Tuple[Dict[str, Any], Any, Any]:
   if info.get("format") != CROSS_ENCODER_FORMAT:
     raise CheckpointError(f"{info_path}: format {info.get('format')!r}, expected "
                           f"{CROSS_ENCODER_FORMAT!r}")
-  cfg = ModernBertConfig.from_hf(os.path.join(path, "config.json"))
+  cfg = encoder_config_from_hf(os.path.join(path, "config.json"))
   params = ocp.StandardCheckpointer().restore(os.path.abspath(os.path.join(path, "params")))
   params = jax.tree_util.tree_map(np.asarray, params)
   tok_dir = os.path.join(path, "tokenizer")
@@ -269,7 +308,7 @@ def parse_args(argv=None):
   """Parse the command line."""
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   mode = p.add_mutually_exclusive_group(required=True)
-  mode.add_argument("--hf-model", help="HF ModernBERT folder -> cross-encoder/encoder folder")
+  mode.add_argument("--hf-model", help="HF ModernBERT or BERT-family folder -> cross-encoder/encoder folder")
   mode.add_argument("--log-checkpoint", help="full LoG-Reranker torch checkpoint -> model folder")
   mode.add_argument("--to-torch", metavar="MODEL_DIR",
                     help="model folder -> model.safetensors + model_config.json")

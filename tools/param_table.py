@@ -4,6 +4,9 @@ Counts come from `jax.eval_shape` (nothing is allocated). Exits 1 when any count
 `--tolerance` (default 2 %) away from the paper's figure.
 
   python tools/param_table.py [--tolerance 0.02]
+  # LoG on another backbone: the encoder of an HF folder (ModernBERT or BERT-family, e.g. a
+  # sentence-transformers all-MiniLM-L6-v2 folder), heads/GAT sized by LoGConfig.from_hf
+  python tools/param_table.py --hf-model PATH
 """
 
 import argparse
@@ -46,6 +49,15 @@ def param_table(counts, tolerance):
   return "\n".join(lines), bad
 
 
+def backbone_table(counts, name):
+  """Format the counts of a LoG built on another backbone (no paper figures to compare)."""
+  labels = dict(ROWS, encoder=f"local encoder ({name})")
+  width = max(34, *map(len, labels.values()))
+  lines = [f"{'component':{width}s} {'ours':>14s}"]
+  lines += [f"{labels[key]:{width}s} {counts[key]:>14,d}" for key, _ in ROWS]
+  return "\n".join(lines)
+
+
 def main(argv=None):
   """Print the table for `LoGConfig.paper()`; return the exit status.
 
@@ -58,9 +70,19 @@ def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--tolerance", type=float, default=0.02,
                       help="largest allowed relative deviation from Table 10 (default 0.02)")
+  parser.add_argument("--hf-model", metavar="PATH",
+                      help="count LoG on this HF folder's encoder instead (ModernBERT or BERT); "
+                           "printed without the paper comparison")
   args = parser.parse_args(argv)
   from logrerank_jax.models.log_reranker import LoGConfig, count_params  # after --help
 
+  if args.hf_model:
+    from logrerank_jax.models.local_scorer import encoder_config_from_hf, encoder_family
+    enc = encoder_config_from_hf(args.hf_model)
+    name = (f"{encoder_family(enc)}, {enc.num_hidden_layers} layers, "
+            f"d={enc.hidden_size}")
+    print(backbone_table(count_params(LoGConfig.from_encoder(enc)), name))
+    return 0
   table, bad = param_table(count_params(LoGConfig.paper()), args.tolerance)
   print(table)
   if bad:

@@ -1,4 +1,9 @@
-"""Write a `LoGConfig` to JSON and read it back exactly (checkpoints carry their model config)."""
+"""Write a `LoGConfig` to JSON and read it back exactly (checkpoints carry their model config).
+
+The encoder config of either family is stored under `log_config.local.encoder`, and its family
+under `log_config.local.encoder_family` ("modernbert" or "bert", `local_scorer.ENCODER_FAMILIES`).
+Files written before BERT support have no family key and are ModernBERT; they still load.
+"""
 
 import dataclasses
 import json
@@ -9,9 +14,10 @@ import numpy as np
 from logrerank_jax.errors import ConfigError, LogRerankError
 from logrerank_jax.graph.build import GraphBuildConfig
 from logrerank_jax.models.graph_reranker import GraphRerankerConfig
-from logrerank_jax.models.local_scorer import LocalScorerConfig
+from logrerank_jax.models.local_scorer import ENCODER_FAMILIES, LocalScorerConfig, encoder_family
 from logrerank_jax.models.log_reranker import LoGConfig
-from logrerank_jax.models.modernbert import ModernBertConfig
+
+DEFAULT_ENCODER_FAMILY = "modernbert"  # what a model_config.json without the family key holds
 
 FORMAT_VERSION = 1
 
@@ -31,7 +37,9 @@ def _plain(value):
 
 def log_config_to_dict(cfg: LoGConfig) -> Dict[str, Any]:
   """Return a JSON-serialisable dict of `cfg`."""
-  return {"format_version": FORMAT_VERSION, "log_config": _plain(cfg)}
+  d = _plain(cfg)
+  d["local"]["encoder_family"] = encoder_family(cfg.local.encoder)
+  return {"format_version": FORMAT_VERSION, "log_config": d}
 
 
 def _build(cls, data: Dict[str, Any], where: str, nested: Dict[str, Any] = None):
@@ -83,7 +91,12 @@ def log_config_from_dict(data: Dict[str, Any]) -> LoGConfig:
   local = d.get("local", {})
   if not isinstance(local, dict):
     raise ConfigError(f"log_config.local: expected an object, got {type(local).__name__}")
-  encoder = _build(ModernBertConfig, local.get("encoder", {}), "log_config.local.encoder")
+  local = dict(local)
+  family = local.pop("encoder_family", DEFAULT_ENCODER_FAMILY)
+  if family not in ENCODER_FAMILIES:
+    raise ConfigError(f"log_config.local.encoder_family: {family!r} is not one of "
+                      f"{sorted(ENCODER_FAMILIES)}")
+  encoder = _build(ENCODER_FAMILIES[family], local.get("encoder", {}), "log_config.local.encoder")
   local_cfg = _build(LocalScorerConfig, local, "log_config.local", {"encoder": encoder})
   graph = _build(GraphBuildConfig, d.get("graph", {}), "log_config.graph")
   gat = _build(GraphRerankerConfig, d.get("graph_reranker", {}), "log_config.graph_reranker")

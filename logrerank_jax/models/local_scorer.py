@@ -23,6 +23,16 @@ Head sizes (paper leaves them unstated): MLP_int and MLP_role are d -> 256 -> 3,
 hidden activations exact GELU, dropout after each hidden activation. With ModernBERT-base
 (149,014,272 params) the heads add 840,327 params: local total 149,854,599 vs the paper's 149.85M.
 
+Encoder family: `LocalScorerConfig.encoder` is a `ModernBertConfig` (the paper's encoder) or a
+`BertConfig` (BERT / RoBERTa / XLM-R, e.g. all-MiniLM-L6-v2); the config's type is the family
+(`encoder_family`), so there is no second field to disagree with it, and the encoder module is
+picked from it (`ModernBertEncoder` / `BertEncoder`, param subtree "encoder" either way). BERT
+reads token types: each packed sequence `[CLS] q [SEP] s_1 ... s_m [SEP]` gets 0 on
+`[CLS] q [SEP]` and 1 on `s_1 ... s_m [SEP]`, BERT's sentence-pair convention (what
+`tokenizer(query, passage)` returns); they are derived here from the span table
+(`pair_token_types`), so the packed batch is the same for every family. ModernBERT has no token
+types and is unchanged. A family with `type_vocab_size` 1 (RoBERTa) gets zeros.
+
 Ablations (flags of `LocalScorerConfig`):
   * `use_role_head=False` ("w/o role head"): the role MLP does not exist (no params); r is the
     uniform 1/3 vector in eq 4 AND in the outputs (`role_logits` are zeros). Consequence for the
@@ -37,7 +47,8 @@ Ablations (flags of `LocalScorerConfig`):
 """
 
 import dataclasses
-from typing import Any, Dict, Mapping
+import os
+from typing import Any, Dict, Mapping, Union
 
 import flax.linen as nn
 import jax
@@ -45,7 +56,50 @@ import jax.numpy as jnp
 
 from logrerank_jax.errors import ConfigError
 from logrerank_jax.schema import NUM_ROLES, SPAN_SENTENCE, TOKEN_KEYS
-from logrerank_jax.models.modernbert import ModernBertConfig, ModernBertEncoder
+from logrerank_jax.models.bert import BertConfig, BertEncoder
+from logrerank_jax.models.modernbert import ModernBertConfig, ModernBertEncoder, _read_hf_dict
+
+# Encoder family name -> its config class (the name is what model_config.json records).
+ENCODER_FAMILIES = {"modernbert": ModernBertConfig, "bert": BertConfig}
+EncoderConfig = Union[ModernBertConfig, BertConfig]
+# HF `model_type`s of each family (config.json); BertConfig.from_hf knows the BERT layouts.
+_HF_MODEL_TYPES = {"modernbert": ("modernbert",), "bert": ("bert", "roberta", "xlm-roberta")}
+
+
+def encoder_family(encoder_cfg) -> str:
+  """Return the family name ("modernbert" or "bert") of an encoder config, from its type."""
+  for name, cls in ENCODER_FAMILIES.items():
+    if isinstance(encoder_cfg, cls):
+      return name
+  raise ConfigError(f"unknown encoder config type {type(encoder_cfg).__name__}; expected one of "
+                    f"{[c.__name__ for c in ENCODER_FAMILIES.values()]}")
+
+
+def hf_encoder_family(path_or_dict: Union[str, os.PathLike, Mapping[str, Any]]) -> str:
+  """Return the family of an HF config.json (folder, file or dict), from its `model_type`.
+
+  A sentence-transformers folder has config.json at its root, so it is read like any HF folder.
+  A config without `model_type` is ModernBERT (as `ModernBertConfig.from_hf` has always read it).
+  """
+  model_type = _read_hf_dict(path_or_dict).get("model_type", "modernbert")
+  for name, types in _HF_MODEL_TYPES.items():
+    if model_type in types:
+      return name
+  known = sorted(t for types in _HF_MODEL_TYPES.values() for t in types)
+  raise ConfigError(f"HF config model_type {model_type!r} is not a supported encoder; "
+                    f"expected one of {known}")
+
+
+def encoder_config_from_hf(path_or_dict: Union[str, os.PathLike, Mapping[str, Any]],
+                           **overrides) -> EncoderConfig:
+  """Read the encoder config of an HF folder of either family (`ModernBertConfig` / `BertConfig`).
+
+  Args:
+    path_or_dict: a config.json path, a folder holding one, or its parsed dict.
+    **overrides: fields to replace (e.g. `dtype`).
+  """
+  hf = _read_hf_dict(path_or_dict)
+  return ENCODER_FAMILIES[hf_encoder_family(hf)].from_hf(hf, **overrides)
 
 # Per-span outputs that are scattered to graph nodes.
 NODE_OUTPUT_KEYS = ("h", "h_query", "role_logits", "role_probs", "intent_probs", "local_logit",
@@ -55,7 +109,7 @@ NODE_OUTPUT_KEYS = ("h", "h_query", "role_logits", "role_probs", "intent_probs",
 @dataclasses.dataclass(frozen=True)
 class LocalScorerConfig:
   """Sizes and switches of the local scorer (encoder config included)."""
-  encoder: ModernBertConfig
+  encoder: EncoderConfig  # ModernBertConfig or BertConfig: its type picks the encoder
   intent_hidden: int = 256
   role_hidden: int = 256
   g_dim: int = 768
@@ -70,6 +124,12 @@ class LocalScorerConfig:
         raise ConfigError(f"LocalScorerConfig.{name} must be positive, got {getattr(self, name)}")
     if not 0.0 <= float(self.dropout) < 1.0:
       raise ConfigError(f"LocalScorerConfig.dropout must be in [0, 1), got {self.dropout}")
+    encoder_family(self.encoder)  # raises for an unknown encoder config type
+
+  @property
+  def encoder_family(self) -> str:
+    """"modernbert" or "bert" (from the encoder config's type)."""
+    return encoder_family(self.encoder)
 
 
 class _Mlp(nn.Module):
@@ -108,6 +168,33 @@ def pool_spans(hidden, span_ids, num_spans: int):
   return pooled, counts
 
 
+def pair_token_types(span_ids, span_kind, segment_ids):
+  """BERT sentence-pair token types of packed rows, derived from the span table.
+
+  In each packed sequence `[CLS] q [SEP] s_1 ... s_m [SEP]`, a token is type 1 when it is a
+  sentence token or follows one within its segment (so the sentences and the final [SEP]),
+  else 0 (`[CLS]`, the query, its [SEP]; padding). Segments are contiguous runs of one
+  `segment_ids` value, as the packer lays them out.
+
+  Args:
+    span_ids: [R, L] int32 span of each token (0 = not pooled).
+    span_kind: [S] int32 kind of each span.
+    segment_ids: [R, L] int32, 0 = padding.
+
+  Returns:
+    [R, L] int32 token types in {0, 1}.
+  """
+  length = span_ids.shape[1]
+  is_sent = (jnp.take(span_kind, span_ids, mode="clip") == SPAN_SENTENCE).astype(jnp.int32)
+  seen = jnp.cumsum(is_sent, axis=1)  # sentence tokens at or before each position  [R, L]
+  pos = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), span_ids.shape)
+  boundary = jnp.concatenate([jnp.ones_like(segment_ids[:, :1], bool),
+                              segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
+  start = jax.lax.cummax(jnp.where(boundary, pos, 0), axis=1)  # first index of the segment
+  before = jnp.take_along_axis(seen - is_sent, start, axis=1)  # sentence tokens before it
+  return ((seen - before > 0) & (segment_ids > 0)).astype(jnp.int32)
+
+
 class LocalScorer(nn.Module):
   """Encoder + span pooling + intent/role heads + local MLP (eq 1-6)."""
   cfg: LocalScorerConfig
@@ -131,9 +218,16 @@ class LocalScorer(nn.Module):
     """
     cfg = self.cfg
     num_spans = span_kind.shape[0]
-    hidden = ModernBertEncoder(cfg.encoder, name="encoder")(
-        input_ids, attention_mask, segment_ids=segment_ids, position_ids=position_ids,
-        deterministic=deterministic)  # [R, L, d]
+    if isinstance(cfg.encoder, BertConfig):
+      token_types = (pair_token_types(span_ids, span_kind, segment_ids)
+                     if cfg.encoder.type_vocab_size > 1 else jnp.zeros_like(input_ids))
+      hidden = BertEncoder(cfg.encoder, name="encoder")(
+          input_ids, attention_mask, token_type_ids=token_types, segment_ids=segment_ids,
+          position_ids=position_ids, deterministic=deterministic)  # [R, L, d]
+    else:
+      hidden = ModernBertEncoder(cfg.encoder, name="encoder")(
+          input_ids, attention_mask, segment_ids=segment_ids, position_ids=position_ids,
+          deterministic=deterministic)  # [R, L, d]
     pooled, _ = pool_spans(hidden, span_ids, num_spans)  # [S, d] float32
     is_sent = span_kind == SPAN_SENTENCE  # [S]
     q_idx = jnp.where(is_sent, span_query, 0)

@@ -36,7 +36,8 @@ import numpy as np
 from logrerank_jax.errors import ConfigError
 from logrerank_jax.graph.build import GraphBuildConfig, build_sentence_graph
 from logrerank_jax.models.graph_reranker import GraphReranker, GraphRerankerConfig
-from logrerank_jax.models.local_scorer import LocalScorer, LocalScorerConfig, spans_to_nodes
+from logrerank_jax.models.local_scorer import (LocalScorer, LocalScorerConfig,
+                                               encoder_config_from_hf, spans_to_nodes)
 from logrerank_jax.models.modernbert import ModernBertConfig
 from logrerank_jax.schema import (MODEL_KEYS, NUM_ROLES, SPAN_NONE, SPAN_QUERY, SPAN_SENTENCE,
                                   TOKEN_KEYS)
@@ -165,6 +166,39 @@ class LoGConfig:
                               g_dim=encoder.hidden_size, local_hidden=192, dropout=0.1)
     return cls(local=local, graph=GraphBuildConfig(k=8, tau_sim=0.75, delta=0.25),
                graph_reranker=GraphRerankerConfig())
+
+  @classmethod
+  def from_encoder(cls, encoder, base: Optional["LoGConfig"] = None) -> "LoGConfig":
+    """LoG on another encoder: `base` (default `paper()`) with its encoder config replaced.
+
+    The widths that follow the encoder follow it: `local.g_dim` (W_p maps back into encoder
+    space, g_dim = d) and `graph_reranker.d_enc` (the GAT reads the pooled sentence states);
+    every other size, switch and setting is `base`'s.
+
+    Args:
+      encoder: a `ModernBertConfig` or a `BertConfig` (e.g. `BertConfig.from_hf(folder)`, or
+        `local_scorer.encoder_config_from_hf(folder)` for either family).
+      base: the config to start from.
+
+    Returns:
+      The config.
+    """
+    base = cls.paper() if base is None else base
+    d = int(encoder.hidden_size)
+    local = dataclasses.replace(base.local, encoder=encoder, g_dim=d)
+    gat = dataclasses.replace(base.graph_reranker, d_enc=d)
+    return dataclasses.replace(base, local=local, graph_reranker=gat)
+
+  @classmethod
+  def from_hf(cls, path, base: Optional["LoGConfig"] = None, **encoder_overrides) -> "LoGConfig":
+    """`from_encoder` on the encoder of an HF folder of either family (config.json read only).
+
+    Args:
+      path: HF folder (ModernBERT, or BERT / RoBERTa / sentence-transformers) or its config.json.
+      base: the config to start from (default `paper()`).
+      **encoder_overrides: encoder config fields to replace (e.g. `dtype`).
+    """
+    return cls.from_encoder(encoder_config_from_hf(path, **encoder_overrides), base)
 
   @classmethod
   def tiny(cls, vocab_size: int = 1024) -> "LoGConfig":

@@ -69,19 +69,25 @@ def packing_config(config) -> PackingConfig:
 
 
 def with_hf_encoder(cfg: lr.LoGConfig, path: str) -> lr.LoGConfig:
-  """Replace the encoder config by the one of an HF ModernBERT folder (keeping dtype); the
-  GAT's input width follows the encoder."""
-  from logrerank_jax.models.modernbert import ModernBertConfig  # pylint: disable=g-import-not-at-top
-  enc = ModernBertConfig.from_hf(path).replace(dtype=cfg.local.encoder.dtype)
-  local = dataclasses.replace(cfg.local, encoder=enc)
-  gat = dataclasses.replace(cfg.graph_reranker, d_enc=enc.hidden_size)
-  return dataclasses.replace(cfg, local=local, graph_reranker=gat)
+  """Replace the encoder config by the one of an HF folder (keeping dtype).
+
+  The folder may be ModernBERT or BERT-family (BERT / RoBERTa / XLM-R; a sentence-transformers
+  folder such as all-MiniLM-L6-v2 has config.json at its root): its config.json `model_type`
+  decides. The widths that follow the encoder (`g_dim`, the GAT's `d_enc`) follow it
+  (`LoGConfig.from_encoder`); everything else stays `cfg`'s.
+  """
+  from logrerank_jax.models.local_scorer import encoder_config_from_hf  # pylint: disable=g-import-not-at-top
+  enc = encoder_config_from_hf(path, dtype=cfg.local.encoder.dtype)
+  return lr.LoGConfig.from_encoder(enc, base=cfg)
 
 
 def hf_encoder_params(path: str, cfg: lr.LoGConfig):
-  """Load and convert the encoder weights of an HF ModernBERT folder."""
-  from logrerank_jax.convert import load_torch_state_dict, modernbert_params_from_torch  # pylint: disable=g-import-not-at-top
-  return modernbert_params_from_torch(load_torch_state_dict(path), cfg.local.encoder)
+  """Load and convert the encoder weights of an HF folder with the map of `cfg`'s encoder family."""
+  from logrerank_jax.convert import (bert_params_from_torch, load_torch_state_dict,  # pylint: disable=g-import-not-at-top
+                                     modernbert_params_from_torch)
+  convert = {"modernbert": modernbert_params_from_torch,
+             "bert": bert_params_from_torch}[cfg.local.encoder_family]
+  return convert(load_torch_state_dict(path), cfg.local.encoder)
 
 
 def training_tokenizer(config, workdir: str, records):
