@@ -70,8 +70,9 @@ def save_model(directory: str, params: Dict[str, Any], cfg, tokenizer,
     shutil.rmtree(tmp)
   os.makedirs(tmp)
   params = jax.tree_util.tree_map(lambda x: np.asarray(x, np.float32), params)
-  # `with` closes the checkpointer (its async executor and metadata store); an unclosed one is
-  # finalised later by the garbage collector, after pytest/asyncio closed its event loop.
+  # `with` closes the checkpointer (its async executor and metadata store) now instead of
+  # leaving it to the garbage collector (an unclosed orbax object finalised after its asyncio
+  # loop closed reports "Event loop is closed"; see training/checkpoints.py).
   with _this_process_checkpointer() as ckptr:
     ckptr.save(os.path.join(tmp, "params"), params)
     ckptr.wait_until_finished()
