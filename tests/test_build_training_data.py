@@ -255,6 +255,8 @@ def test_end_to_end_defects_validator_and_hand_counted_stats(tmp_path, capsys):
   for key, want in EXPECTED_STATS.items():
     if key == "role_shares_percent":
       for k, v in want.items():
+        # float64 host arithmetic (Python/NumPy, no XLA) on values <= 100: each op rounds to 2.2e-16
+        # relative, a few dozen ops stay < 1e-13; the bound is >= 10x that on any CPU.
         assert stats[key][k] == pytest.approx(v, abs=1e-9), k
     else:
       assert stats[key] == want, key
@@ -462,6 +464,8 @@ def test_section_cue_annotator_known_answer():
   assert got == [(1.0, 0.0, 0.0), (1.0, 0.0, 0.0), (0.0, 0.5, 0.5), (0.0, 0.5, 0.5)]
   # Without labels: cue phrases (one result cue -> 1.25 / 1.75), none -> uniform.
   got = ann.annotate("p", "", "We found lower risk. The sky is blue.", [(0, 20), (21, 37)])
+  # float64 host arithmetic (Python/NumPy, no XLA) on values <= 100: each op rounds to 2.2e-16
+  # relative, a few dozen ops stay < 1e-13; the bound is >= 10x that on any CPU.
   assert got[0] == pytest.approx((0.25 / 1.75, 0.25 / 1.75, 1.25 / 1.75), abs=1e-12)
   assert got[1] == pytest.approx((1 / 3, 1 / 3, 1 / 3), abs=1e-12)
   assert dict(ann.sources) == {"label": 4, "cue": 1, "none": 1}
@@ -498,6 +502,8 @@ def test_windowed_facet_annotator_matches_numpy(n, max_sentences, overlap):
   want = acc / cnt[:, None]
   got = np.asarray(ann.annotate("p", "", text, spans))
   assert got.shape == (n, 3) and cnt.min() >= 1
+  # float64 host arithmetic (Python/NumPy, no XLA) on values <= 100: each op rounds to 2.2e-16
+  # relative, a few dozen ops stay < 1e-13; the bound is >= 10x that on any CPU.
   np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
   assert sum(calls) == int(cnt.sum()) and max(calls) <= max_sentences
 

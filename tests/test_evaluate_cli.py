@@ -84,6 +84,8 @@ def test_evaluate_prints_table_and_writes_runs(run, capsys):
   assert len(per_query) == len(systems) * len(pools)
   for name in systems:
     trec = read_trec_run(str(out / f"run.{name}.trec"))
+    # float64 host arithmetic (Python/NumPy, no XLA) on values <= 100: each op rounds to 2.2e-16
+    # relative, a few dozen ops stay < 1e-13; the bound is >= 10x that on any CPU.
     assert rerank_metrics(run_from_scores(trec), qrels, k=K) == pytest.approx(metrics[name], abs=1e-9)
     rows = [r for r in per_query if r["system"] == name]
     assert np.mean([r[f"ndcg@{K}"] for r in rows]) == pytest.approx(metrics[name][f"ndcg@{K}"])
@@ -108,7 +110,10 @@ def test_cross_encoder_matches_torch(run):
     ref = torch_model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).logits[:, 0].numpy()
   err = float(np.max(np.abs(ours - ref)))
   print(f"cross-encoder vs torch: max abs logit error {err:.3g}")
-  assert err <= 1e-4, err  # float32 on both sides, different summation orders
+  # float32 on both sides, different summation orders (and a padded torch batch vs our length
+  # buckets): the ModernBERT parity derivation of tests/test_convert_modernbert.py gives ~1e-5
+  # on O(1) outputs; 1e-4 is above that (this checks the CLI's wiring, not the kernels).
+  assert err <= 1e-4, err
   assert len(set(np.round(ours, 4).tolist())) > 1  # scores depend on the passage
 
 

@@ -91,6 +91,8 @@ def _numpy_bm25(docs, query, k1=1.5, b=0.75):
 def test_bm25_matches_numpy_reference(scifact_records, query):
   docs = [c["text"] for r in scifact_records for c in r["gold_ctx"]]
   got = BM25Index(docs).scores(query)
+  # float64 host arithmetic (Python/NumPy, no XLA) on values <= 100: each op rounds to 2.2e-16
+  # relative, a few dozen ops stay < 1e-13; the bound is >= 10x that on any CPU.
   np.testing.assert_allclose(got, _numpy_bm25(docs, query), rtol=1e-12, atol=1e-12)
 
 
@@ -98,6 +100,8 @@ def test_bm25_known_answer_two_docs():
   # D = 2, "cat" in doc 0 only: idf = ln(1 + 1.5 / 1.5) = ln 2; |d0| = 2, avgdl = 1.5.
   s = BM25Index(["cat dog", "dog"]).scores("cat")
   expect = math.log(2) * 2.5 / (1 + 1.5 * (0.25 + 0.75 * 2 / 1.5))
+  # float64 host arithmetic (Python/NumPy, no XLA) on values <= 100: each op rounds to 2.2e-16
+  # relative, a few dozen ops stay < 1e-13; the bound is >= 10x that on any CPU.
   assert s[0] == pytest.approx(expect, abs=1e-12) and s[1] == 0.0
 
 
@@ -154,6 +158,8 @@ def test_pools_negatives_are_the_bm25_top(scifact_pools):
     order = [i for i in np.lexsort((np.arange(len(s)), -s)) if i not in gold]
     assert negs == set(order[:8 - len(gold)])
     for c in pool["ctxs"]:
+      # float64 host arithmetic (Python/NumPy, no XLA) on values <= 100: each op rounds to 2.2e-16
+      # relative, a few dozen ops stay < 1e-13; the bound is >= 10x that on any CPU.
       assert c["bm25"] == pytest.approx(s[int(c["id"][1:])], abs=1e-12)
 
 

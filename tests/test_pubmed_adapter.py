@@ -60,6 +60,8 @@ def built(pool):
 def test_section_role_known_answers(label, role, source):
   got, got_source = A.section_role(label)
   assert got_source == source
+  # float64 section-role mixtures (values <= 1, ulp 2.2e-16): a few roundings stay below
+  # 1e-15; the fsum to 1 likewise << 1e-12. Host NumPy, ISA-independent.
   np.testing.assert_allclose(got, role, rtol=0, atol=1e-15)
   assert math.isclose(math.fsum(got), 1.0, abs_tol=1e-12)
 

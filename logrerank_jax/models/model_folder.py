@@ -70,9 +70,12 @@ def save_model(directory: str, params: Dict[str, Any], cfg, tokenizer,
     shutil.rmtree(tmp)
   os.makedirs(tmp)
   params = jax.tree_util.tree_map(lambda x: np.asarray(x, np.float32), params)
-  ckptr = _this_process_checkpointer()
-  ckptr.save(os.path.join(tmp, "params"), params)
-  ckptr.wait_until_finished()
+  # `with` closes the checkpointer (its async executor and metadata store) now instead of
+  # leaving it to the garbage collector (an unclosed orbax object finalised after its asyncio
+  # loop closed reports "Event loop is closed"; see training/checkpoints.py).
+  with _this_process_checkpointer() as ckptr:
+    ckptr.save(os.path.join(tmp, "params"), params)
+    ckptr.wait_until_finished()
   save_log_config(os.path.join(tmp, "model_config.json"), cfg)
   if tokenizer is not None:
     tokenizer.save_pretrained(os.path.join(tmp, "tokenizer"))
@@ -106,7 +109,8 @@ def load_model(directory: str, need_tokenizer: bool = True) -> Tuple[Dict[str, A
       raise CheckpointError(f"{directory} is not a model folder: it has no {name}")
   cfg = load_log_config(os.path.join(directory, "model_config.json"))
   try:
-    params = _this_process_checkpointer().restore(os.path.join(directory, "params"))
+    with _this_process_checkpointer() as ckptr:
+      params = ckptr.restore(os.path.join(directory, "params"))
   except Exception as e:  # pylint: disable=broad-except  (orbax/tensorstore raise many types)
     raise CheckpointError(f"{directory}/params: cannot restore ({_first_line(e)})") from None
   params = jax.tree_util.tree_map(np.asarray, params)

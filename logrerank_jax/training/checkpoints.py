@@ -71,6 +71,7 @@ class Checkpointer:
       keep_best: best checkpoints kept.
     """
     self.workdir = workdir
+    self._max_to_keep, self._keep_best, self._best_mode = max_to_keep, keep_best, best_mode
     self.periodic = _manager(os.path.join(workdir, "checkpoints"), max_to_keep)
     self.best_metric = best_metric
     self.best = (_manager(os.path.join(workdir, "best"), keep_best, best_metric, best_mode)
@@ -78,9 +79,14 @@ class Checkpointer:
 
   def save(self, step: int, state: Any, meta: Dict[str, Any]) -> None:
     """Write a periodic checkpoint of `state` with the JSON-serialisable `meta` at `step`."""
-    self.periodic.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)
-    self.periodic.wait_until_finished()
+    try:
+      self.periodic.save(step, args=ocp.args.Composite(
+          state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)
+      self.periodic.wait_until_finished()
+    except Exception:
+      self.periodic = self._reopen(self.periodic, os.path.join(self.workdir, "checkpoints"),
+                                   self._max_to_keep)
+      raise
 
   def save_best(self, step: int, state: Any, meta: Dict[str, Any], metrics: Dict[str, float]) -> bool:
     """Keep `state` if `metrics[best_metric]` is among the best seen; return whether it was."""
@@ -88,11 +94,38 @@ class Checkpointer:
       return False
     if self.best_metric not in metrics:
       raise CheckpointError(f"validation metrics lack the best-checkpoint metric '{self.best_metric}'")
-    self.best.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
-                   metrics={k: float(v) for k, v in metrics.items()}, force=True)
-    self.best.wait_until_finished()
+    try:
+      self.best.save(step, args=ocp.args.Composite(
+          state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
+                     metrics={k: float(v) for k, v in metrics.items()}, force=True)
+      self.best.wait_until_finished()
+    except Exception:
+      self.best = self._reopen(self.best, os.path.join(self.workdir, "best"), self._keep_best,
+                               self.best_metric, self._best_mode)
+      raise
     return self.best.best_step() == step
+
+  @staticmethod
+  def _reopen(mngr: ocp.CheckpointManager, directory: str, *args) -> ocp.CheckpointManager:
+    """Close a manager whose save failed (e.g. disk full) and open a fresh one on `directory`.
+
+    A failed save leaves orbax's tensorstore writes and futures behind; closed now, they finish
+    while their event loop is alive. Left open (the trainer re-raises the error and never gets to
+    `close`), the garbage collector finalises them later against a closed loop ("Event loop is
+    closed"). The fresh manager drops the failed save's tmp folder and keeps the object usable
+    (`latest_step`, `restore`, another `save`).
+    """
+    try:
+      mngr.close()
+    except Exception:  # pylint: disable=broad-except  (the save's own error is the one to report)
+      pass
+    return _manager(directory, *args)
+
+  def __enter__(self) -> "Checkpointer":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
 
   def latest_step(self) -> Optional[int]:
     """Return the step of the newest complete periodic checkpoint, or None."""
