@@ -266,7 +266,7 @@ def encoder_suite(size: str = "small", threads: Optional[int] = None, reps: int 
     errs[impl] = float(max(np.abs(full[s["row"], s["start"]:s["start"] + len(s["ids"])] - ref[j]).max()
                            for j, s in enumerate(seqs)))
 
-  with protocol.load_report() as load:
+  with protocol.load_report(threads) as load:
     timing = protocol.interleaved(fns, reps=reps, warmup=1)
   tput = {k: protocol.throughput(v, real) for k, v in timing.items()}
   strongest = max((k for k in tput if k.startswith("torch_sorted")),
@@ -393,7 +393,7 @@ def train_step_suite(size: str = "small", threads: Optional[int] = None, reps: i
   flax_epoch()
   log(f"flax train step: compiled and ran once in {time.perf_counter() - t0:.1f} s")
   fns = {f"flax_{impl}": flax_epoch, f"torch_sorted_bs{torch_batch_size}": torch_epoch}
-  with protocol.load_report() as load:
+  with protocol.load_report(threads) as load:
     timing = protocol.interleaved(fns, reps=reps, warmup=1)
   tput = {k: protocol.throughput(v, real) for k, v in timing.items()}
   fk, tk = list(fns)
@@ -454,7 +454,7 @@ def main(argv=None):
     files = [os.path.join(args.data, f) for f in ("scifact_test.jsonl", "pubmed_test.jsonl")
              if os.path.exists(os.path.join(args.data, f))]
   results = {"machine": protocol.machine_info(threads), "args": vars(args), "data_files": list(files),
-             "load_at_start": protocol.load_report().result}
+             "load_at_start": protocol.load_report(0).result}
   start = time.perf_counter()
 
   def save():

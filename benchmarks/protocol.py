@@ -62,7 +62,8 @@ def interleaved(fns: Mapping[str, Callable[[], Any]], reps: int = MIN_REPS, warm
       not steal CPU from the next one.
 
   Returns:
-    name -> `spread` of its wall seconds.
+    name -> `spread` of its wall seconds, plus `cpu_s_median` / `cpu_s_samples` (process CPU
+    seconds per call).
   """
   if reps < MIN_REPS:
     raise ValueError(f"interleaved needs reps >= {MIN_REPS}, got {reps}")
@@ -71,15 +72,24 @@ def interleaved(fns: Mapping[str, Callable[[], Any]], reps: int = MIN_REPS, warm
     for n in names:
       block(fns[n]())
   samples = {n: [] for n in names}
+  cpu = {n: [] for n in names}
   for r in range(reps):
     order = names[r % len(names):] + names[:r % len(names)]
     for n in order:
       if pause_s:
         time.sleep(pause_s)
-      t0 = time.perf_counter()
+      c0, t0 = time.process_time(), time.perf_counter()
       block(fns[n]())
       samples[n].append(time.perf_counter() - t0)
-  return {n: spread(samples[n]) for n in names}
+      cpu[n].append(time.process_time() - c0)
+  out = {}
+  for n in names:
+    out[n] = spread(samples[n])
+    # CPU seconds of this process per call (all its threads): when wall x threads is well
+    # above it, the process was waiting for CPUs that other jobs held.
+    out[n]["cpu_s_median"] = float(np.median(cpu[n]))
+    out[n]["cpu_s_samples"] = [float(x) for x in cpu[n]]
+  return out
 
 
 def throughput(timing: Mapping[str, Any], work: float) -> Dict[str, float]:
@@ -99,16 +109,17 @@ def _load() -> Optional[list]:
 
 
 class load_report:  # pylint: disable=invalid-name
-  """Record the load average around a block: `with load_report() as lr: ...; lr.result`.
+  """Record the load average around a block: `with load_report(threads) as lr: ...; lr.result`.
 
-  Called plainly, `load_report()` gives a snapshot dict right away. `reliable` is False when
-  the 1-minute load average before or after exceeded half the CPUs (our own threads included:
-  a benchmark using every CPU adds up to about nproc itself, so only load beyond that half is
-  taken as other jobs).
+  Called plainly, `load_report()` gives a snapshot dict right away. The 1-minute load average
+  counts our own runnable threads too (up to `own_threads` while we compute, the default being
+  every CPU), so the load left to other jobs is taken as load - own_threads, floored at 0;
+  `reliable` is False when that exceeds half the CPUs (nproc / 2) before or after the block.
   """
 
-  def __init__(self):
+  def __init__(self, own_threads: Optional[int] = None):
     self.nproc = os.cpu_count() or 1
+    self.own = self.nproc if own_threads is None else int(own_threads)
     self.before = _load()
     self.after = None
     self.result = self._make()
@@ -116,9 +127,11 @@ class load_report:  # pylint: disable=invalid-name
   def _make(self) -> Dict[str, Any]:
     loads = [x[0] for x in (self.before, self.after) if x]
     threshold = self.nproc / 2
+    others = max(0.0, max(loads) - self.own) if loads else None
     return {"loadavg_before": self.before, "loadavg_after": self.after, "nproc": self.nproc,
-            "threshold_1m": threshold,
-            "reliable": bool(loads) and max(loads) <= threshold,
+            "own_threads": self.own, "threshold_1m": threshold,
+            "other_load_1m_max": others,
+            "reliable": others is not None and others <= threshold,
             "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
   def __enter__(self):
@@ -130,12 +143,6 @@ class load_report:  # pylint: disable=invalid-name
     self.after = _load()
     self.result = self._make()
     return False
-
-  def __getitem__(self, key):
-    return self.result[key]
-
-  def keys(self):
-    return self.result.keys()
 
 
 def machine_info(threads: Optional[int] = None) -> Dict[str, Any]:
