@@ -72,9 +72,12 @@ class ModernBertConfig:
 
   Defaults are those of transformers' `ModernBertConfig` (ModernBERT-base), except
   `num_labels` which defaults to 1 (a reranker's single relevance logit).
-  `attention_impl` chooses how sliding-window layers are computed: "xla" masks full [L, L]
-  logits (the exact reference); "blocked" only computes logits of neighbouring key blocks and
-  requires positions that step by 1 inside a segment (as packing produces).
+  `attention_impl` chooses how attention is computed: "xla" masks full [L, L] logits (the exact
+  reference); "blocked" only computes sliding-window logits of neighbouring key blocks and
+  requires positions that step by 1 inside a segment (as packing produces); "tiled" (fastest
+  on CPU, exact for any layout) computes one (row, head) tile at a time, global layers over the
+  row and window layers over neighbouring blocks when `positions_follow_tokens` holds (checked
+  at run time). "tiled" loops over rows x heads, so on GPUs keep "xla"/"blocked".
   `layer_types` is the source of truth; `global_attn_every_n_layers` only derives it when
   `layer_types` is None and is then normalised to the smallest period reproducing it.
   """
