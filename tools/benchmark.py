@@ -5,7 +5,10 @@
   python tools/benchmark.py --suite encoder,pipeline --size base --dtype bfloat16 \
       --data ../shared/data/scholarqabench --passages 50 --json gpu.json      # on a GPU
 
-Suites: encoder, pipeline, packing, recompile, cache, params (see benchmarks/).
+Suites: encoder, train_step, pipeline, packing, recompile, cache, params (see benchmarks/).
+`encoder` and `train_step` are `benchmarks.encoder` (interleaved protocol, median and spread,
+load average recorded, the strongest simple PyTorch peer: sdpa on length-sorted batches); they
+run in a child process so their XLA flags and thread settings apply before JAX starts.
 Thread counts are fixed before JAX and torch start: the process CPU affinity (which bounds XLA's
 CPU thread pool) and torch.set_num_threads both get --threads; both are recorded in the JSON.
 """
@@ -17,7 +20,8 @@ import sys
 import time
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-SUITES = ("params", "packing", "encoder", "pipeline", "cache", "recompile")
+SUITES = ("params", "packing", "encoder", "train_step", "pipeline", "cache", "recompile")
+ENCODER_SUITES = ("encoder", "train_step")  # benchmarks.encoder, in a child process
 
 
 def parse_args(argv=None):
@@ -33,7 +37,8 @@ def parse_args(argv=None):
                  "(default: the slices in tests/data)")
   p.add_argument("--passages", type=int, default=50, help="passages per query (pool size)")
   p.add_argument("--queries", type=int, default=0, help="queries per file (0: size default)")
-  p.add_argument("--reps", type=int, default=2, help="timed repetitions (median) after warm-up")
+  p.add_argument("--reps", type=int, default=5,
+                 help="timed repetitions after warm-up (encoder/train_step: interleaved, >= 5)")
   p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
   p.add_argument("--torch-batch-size", type=int, default=8)
   p.add_argument("--recompile-queries", type=int, default=100)
@@ -41,7 +46,7 @@ def parse_args(argv=None):
   p.add_argument("--row-buckets", default="pow2", choices=("pow2", "fine"),
                  help="encoder/pipeline row buckets: the packer's default powers of 2, or "
                  "1..16 then multiples of 4 (fewer padding rows, more shapes to compile)")
-  p.add_argument("--impls", default="xla,blocked", help="encoder attention implementations")
+  p.add_argument("--impls", default="xla,blocked,tiled", help="encoder attention implementations")
   p.add_argument("--time-budget", type=float, default=0.0,
                  help="seconds; suites not started before this much time has passed are skipped")
   p.add_argument("--no-engine", action="store_true",
@@ -60,6 +65,25 @@ def set_threads(n: int) -> int:
   for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[var] = str(n)
   return n
+
+
+def encoder_child(suite: str, args, threads: int) -> dict:
+  """Run one `benchmarks.encoder` suite in a child process and return its JSON entry."""
+  import json  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import tempfile  # pylint: disable=g-import-not-at-top
+  if args.size == "tiny":
+    return {"skipped": "encoder/train_step have sizes small and base"}
+  with tempfile.TemporaryDirectory() as tmp:
+    out = os.path.join(tmp, "out.json")
+    cmd = [sys.executable, "-m", "benchmarks.encoder", "--suite", suite, "--size", args.size,
+           "--threads", str(threads), "--reps", str(max(5, args.reps)), "--impls", args.impls,
+           "--json", out] + (["--data", args.data] if args.data else []) + (
+               ["--queries", str(args.queries)] if args.queries else [])
+    subprocess.run(cmd, check=True, cwd=str(REPO),
+                   env=dict(os.environ, PYTHONPATH=str(REPO)))
+    with open(out, encoding="utf-8") as f:
+      return json.load(f)[suite]
 
 
 def main(argv=None):
@@ -122,13 +146,8 @@ def main(argv=None):
                                         row_buckets=fine)
       results[suite]["batched_4_queries"] = bm.packing_suite(
           get_pools(), tokenizer, bm.row_len_for(args.size), row_buckets=fine, queries_per_batch=4)
-    elif suite == "encoder":
-      qs = [bm.pool_query(p) for p in get_pools()]
-      results[suite] = bm.encoder_suite(qs, tokenizer, args.size, reps=args.reps,
-                                        torch_batch_size=args.torch_batch_size, dtype=dtype,
-                                        torch_device=torch_device,
-                                        impls=tuple(args.impls.split(",")),
-                                        row_buckets=row_buckets)
+    elif suite in ENCODER_SUITES:
+      results[suite] = encoder_child(suite, args, threads)
     elif suite == "pipeline":
       results[suite] = bm.pipeline_suite(get_pools(), tokenizer, args.size, dtype=dtype,
                                          fused=not args.no_fused, row_buckets=row_buckets,
