@@ -33,8 +33,12 @@ def setup(tmp_path_factory):
   pools = make_pools(pool_size=8, limit=5)[0]
   model = make_tiny_model(tmp / "model", make_pools()[0])
   # Real SciFact pools, plus a shorter and a longer variant: 7 records, partial groups.
+  # Distinct texts only: BM25 pools share passages, and duplicated sentences make similarity
+  # edges that flip on float rounding (see test_real_use.real_passages).
+  texts = {c["text"] for c in pools[1]["ctxs"]}
+  extra = [c for c in pools[2]["ctxs"] if c["text"] not in texts]
   records = pools + [dict(pools[0], id="short", ctxs=pools[0]["ctxs"][:3]),
-                     dict(pools[1], id="long", ctxs=pools[1]["ctxs"] + pools[2]["ctxs"])]
+                     dict(pools[1], id="long", ctxs=pools[1]["ctxs"] + extra)]
   inp = tmp / "in.jsonl"
   inp.write_text("".join(json.dumps(r) + "\n" for r in records))
   return tmp, model, inp, records
@@ -61,21 +65,33 @@ def runs(setup):
   return {n: _worker(tmp, model, inp, n, f"dev{n}", precompile=(n == 4)) for n in (1, 4)}
 
 
-def assert_same_outputs(a_list, b_list, bound=SCORE_BOUND):
-  """Same records in the same order, identical rankings, scores within `bound`."""
+def assert_same_outputs(a_list, b_list, bound=SCORE_BOUND, exact=True):
+  """Same records in the same order, scores within `bound`; rankings identical (`exact`), or
+  identical except between passages whose scores are within the bound (near-ties of the random
+  tiny model flip on float rounding)."""
   assert len(a_list) == len(b_list)
   worst = 0.0
+  key = lambda r: (r["passage"], r["sentence"])  # noqa: E731
   for a, b in zip(a_list, b_list):
     assert (a["id"], a["line"], a["error"]) == (b["id"], b["line"], b["error"])
-    assert a["passage_ranking"] == b["passage_ranking"]
-    key = lambda r: (r["passage"], r["sentence"])  # noqa: E731
-    assert [key(r) for r in a["ranked_sentences"]] == [key(r) for r in b["ranked_sentences"]]
-    for x, y in zip(a["ranked_sentences"], b["ranked_sentences"]):
+    if exact:
+      assert a["passage_ranking"] == b["passage_ranking"]
+      assert [key(r) for r in a["ranked_sentences"]] == [key(r) for r in b["ranked_sentences"]]
+      assert [(u["passage"], u["sentence"]) for u in a["context"]] == \
+          [(u["passage"], u["sentence"]) for u in b["context"]]
+    else:
+      best = {}
+      for r in a["ranked_sentences"]:
+        best[r["passage"]] = max(best.get(r["passage"], -1.0), r["score"])
+      for x, y in zip(a["passage_ranking"], b["passage_ranking"]):
+        assert x == y or abs(best[x] - best[y]) <= 2 * bound, (x, y)
+    by_key = {key(r): r for r in b["ranked_sentences"]}
+    assert by_key.keys() == {key(r) for r in a["ranked_sentences"]}
+    for x in a["ranked_sentences"]:
+      y = by_key[key(x)]
       for f in ("local_score", "global_score", "score"):
         worst = max(worst, abs(x[f] - y[f]))
       worst = max(worst, max(abs(x["role_probs"][k] - y["role_probs"][k]) for k in x["role_probs"]))
-    assert [(u["passage"], u["sentence"]) for u in a["context"]] == \
-        [(u["passage"], u["sentence"]) for u in b["context"]]
   assert worst <= bound, worst
   return worst
 
@@ -106,10 +122,12 @@ def test_precompile_then_live_traffic_compiles_nothing(runs):
 def test_precompile_in_process(setup):
   from logrerank_jax import inference  # pylint: disable=g-import-not-at-top
   _, model, _, records = setup
-  rr = inference.Reranker.from_pretrained(model, row_len=128, row_buckets=(2, 4, 8),
-                                          node_buckets=(16, 32, 64, 128))
+  # Buckets that hold every passage (a long abstract takes ~10 windows of 128 tokens) and every
+  # graph (~150 sentences): no grown shape, which a bigger query adds by design.
+  rr = inference.Reranker.from_pretrained(model, row_len=128, row_buckets=(2, 4, 8, 16, 32),
+                                          node_buckets=(64, 512))
   pre = rr.precompile()
-  assert pre["jit_cache_entries"] == len(rr.local_shapes()) + 4 == 7
+  assert pre["jit_cache_entries"] == len(rr.local_shapes()) + 2 == 7
   varied = [records[0], dict(records[1], ctxs=records[1]["ctxs"][:1]), records[6],
             dict(records[3], input=records[3]["input"][:30])]
   for batch in (varied, varied[1:2], records):
@@ -152,9 +170,10 @@ def test_two_processes_equal_one_process(setup):
   two = [json.loads(l) for l in (tmp / "two.jsonl").read_text().splitlines()]
   assert [o["line"] for o in two] == list(range(1, len(records) + 1))
   assert not [p for p in os.listdir(tmp) if ".shard-" in p]  # merged and removed
-  # Process i scored records i, i+2, ...: other groupings than one process, so scores agree
-  # to the bound, not bit for bit.
-  assert_same_outputs(one, two)
+  # Process i scored records i, i+2, ...: other local calls and global groups than one process
+  # (rows packed differently round differently, ~1e-7), so scores agree to the bound and
+  # rankings up to near-ties, not bit for bit.
+  assert_same_outputs(one, two, exact=False)
 
 
 def test_merge_shards_checks_every_record_once(tmp_path):
