@@ -40,8 +40,9 @@ import numpy as np
 
 from logrerank_jax.data.inference_input import (InferenceRecord, InputLine,
                                                 parse_inference_record)
-from logrerank_jax.data.packing import (BucketOverflowError, PackingConfig, QueryInput,
-                                        bucket_size, grown_buckets, pack_for_model)
+from logrerank_jax.data.packing import (INFERENCE_ROW_BUCKETS, BucketOverflowError,
+                                        PackingConfig, QueryInput, bucket_size, grown_buckets,
+                                        pack_for_model)
 from logrerank_jax.errors import CheckpointError, ConfigError, DataError, LogRerankError
 from logrerank_jax.graph.context import log_context
 from logrerank_jax.models import log_reranker as lr
@@ -50,7 +51,7 @@ from logrerank_jax.ranking import passage_order, passage_scores, sentence_order
 from logrerank_jax.results import (ContextUnit, PassageInfo, RankedResults, RankedSentence,
                                    RecordError, RerankResult, Result, SentenceRef, finite,
                                    ranked_results, record_error, to_openscholar)
-from logrerank_jax.schema import MODEL_KEYS, NUM_ROLES, ROLE_NAMES
+from logrerank_jax.schema import MODEL_KEYS, NODE_KEYS, NUM_ROLES, ROLE_NAMES, SPAN_KEYS, TOKEN_KEYS
 
 __all__ = ["Reranker", "QueryScores", "default_packing_config", "enable_compilation_cache",
            "default_compilation_cache_dir", "to_openscholar", "resolve_model_dir"]
@@ -119,6 +120,20 @@ def enable_compilation_cache(path: str, min_compile_time_secs: float = 0.0) -> s
 # 1,024-word demo vocabulary).
 DEFAULT_MAX_QUERY_TOKENS = 128
 
+# Local-stage call layout (module docstring, "Padding"). Query slots per local call: a full
+# 128-row call of 1,024-token rows holds ~9 fifty-passage pools, so 16 slots rarely bind.
+DEFAULT_LOCAL_SLOTS = 16
+# Records handed to one `_score_group`: calls are filled across all of them, so only the last
+# call of a chunk is partial. Fixed (not a multiple of the device count) so that the calls, and
+# so the scores, are the same on any number of devices.
+DEFAULT_CHUNK_RECORDS = 32
+# A call is cut at this fraction of its largest row bucket's tokens: first-fit decreasing packs
+# real pools to ~97-99% of the rows it opens, and an overflowing call is split, not lost.
+CALL_FILL = 0.95
+# Span table of a row bucket: one span per this many tokens (real text: ~25-30 tokens per
+# sentence); a denser call moves to the next row bucket (or is split), never fails.
+TOKENS_PER_SPAN = 8
+
 
 def default_packing_config(cfg: lr.LoGConfig, row_len: Optional[int] = None,
                            max_query_tokens: Optional[int] = None, **buckets) -> PackingConfig:
@@ -132,8 +147,9 @@ def default_packing_config(cfg: lr.LoGConfig, row_len: Optional[int] = None,
   """
   row_len = min(int(row_len or 1024), cfg.local.encoder.max_position_embeddings)
   mqt = int(max_query_tokens) if max_query_tokens else min(DEFAULT_MAX_QUERY_TOKENS, row_len // 2)
-  return PackingConfig(row_len=row_len, max_query_tokens=mqt,
-                       **{k: tuple(v) for k, v in buckets.items() if v})
+  buckets = {k: tuple(v) for k, v in buckets.items() if v}
+  buckets.setdefault("row_buckets", INFERENCE_ROW_BUCKETS)
+  return PackingConfig(row_len=row_len, max_query_tokens=mqt, **buckets)
 
 
 def _check_param_shapes(params, cfg: lr.LoGConfig) -> None:
@@ -184,6 +200,45 @@ def _global_forward(params, feats, cfg):
   return {"final_score": final.reshape(q * n), "graph": graph}
 
 
+def _stacked(fn, mesh):
+  """`fn(params, x)` over a leading device axis of `x`, sharded over `mesh`'s "data" axis,
+  params replicated: D calls of one shape run as one data-parallel step."""
+  from jax.sharding import NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
+  data = NamedSharding(mesh, PartitionSpec("data"))
+  return jax.jit(jax.vmap(fn, in_axes=(None, 0)),
+                 in_shardings=(NamedSharding(mesh, PartitionSpec()), data), out_shardings=data)
+
+
+def _pad_local(batch, rows: int, spans: int, nodes: int, pad_id: int) -> dict:
+  """A packed batch's model arrays padded to (rows, spans, nodes per slot) with inert entries
+  (padding rows, empty spans, masked nodes); span_node's flat q * N + n is re-based on `nodes`."""
+  out = {}
+  r0 = batch.input_ids.shape[0]
+  for k in TOKEN_KEYS:
+    a = getattr(batch, k)
+    fill = pad_id if k == "input_ids" else 0
+    out[k] = np.concatenate([a, np.full((rows - r0, a.shape[1]), fill, a.dtype)]) if rows > r0 else a
+  s0 = batch.span_kind.shape[0]
+  n0 = batch.N
+  for k in SPAN_KEYS:
+    a = getattr(batch, k)
+    if k == "span_node":
+      a = np.where(a >= 0, (a // n0) * nodes + a % n0, -1).astype(a.dtype)
+    out[k] = np.concatenate([a, np.full((spans - s0,), -1 if k == "span_node" else 0, a.dtype)])
+  for k in NODE_KEYS:
+    a = getattr(batch, k)
+    fill = -1 if k == "node_passage" else False
+    out[k] = np.concatenate([a, np.full((a.shape[0], nodes - n0), fill, a.dtype)], axis=1)
+  return out
+
+
+def _inert_like(arrays: dict) -> dict:
+  """An inert call of the same shapes (nothing attended, no spans, no nodes): pads a device
+  stack; its outputs are dropped."""
+  return {k: np.full_like(v, -1 if k in ("span_node", "node_passage") else 0)
+          for k, v in arrays.items()}
+
+
 def _out_of_memory(e: Exception) -> bool:
   text = str(e)
   return "RESOURCE_EXHAUSTED" in text or "Out of memory" in text or "out of memory" in text
@@ -216,6 +271,7 @@ class Reranker:
 
   def __init__(self, params, cfg: lr.LoGConfig, tokenizer,
                packing: Optional[PackingConfig] = None, queries_per_batch: int = 4,
+               local_slots: Optional[int] = None, devices: Optional[Sequence[Any]] = None,
                _local_only: bool = False):
     """Wrap loaded params.
 
@@ -225,11 +281,18 @@ class Reranker:
       tokenizer: the fast tokenizer the model was trained with.
       packing: packer settings (default `default_packing_config(cfg)`); its `query_buckets` are
         replaced by `(queries_per_batch,)` so every call has the same number of query slots.
-      queries_per_batch: queries packed into one forward call.
+      queries_per_batch: queries per global-stage call (whole query graphs).
+      local_slots: query slots per local-stage call (default `max(DEFAULT_LOCAL_SLOTS,
+        queries_per_batch)`); a slot holds passages of one query, so a call can be filled
+        with the passages of many queries.
+      devices: the devices to shard calls over (default `jax.local_devices()`: all of this
+        process's devices); D calls of one shape run as one data-parallel step.
     """
-    if isinstance(queries_per_batch, bool) or not isinstance(queries_per_batch, int) \
-        or queries_per_batch < 1:
-      raise ConfigError(f"queries_per_batch must be a positive int, got {queries_per_batch!r}")
+    for name, v in (("queries_per_batch", queries_per_batch), ("local_slots", local_slots)):
+      if v is None and name == "local_slots":
+        continue
+      if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ConfigError(f"{name} must be a positive int, got {v!r}")
     if cfg.use_global and "global" not in params:
       raise CheckpointError("params have no 'global' tree but the config has use_global=True")
     _check_param_shapes(params, cfg)
@@ -238,15 +301,27 @@ class Reranker:
     self.local_only = bool(_local_only)
     self.tokenizer = tokenizer
     self.queries_per_batch = queries_per_batch
+    self.local_slots = int(local_slots or max(DEFAULT_LOCAL_SLOTS, queries_per_batch))
     self.packing = dataclasses.replace(packing or default_packing_config(cfg),
                                        query_buckets=(queries_per_batch,))
-    # Params live on the device once; passing host arrays would copy them on every call.
-    self.params = jax.device_put(params)
-    self._local_jit = jax.jit(functools.partial(_local_forward, cfg=cfg))
-    self._global_jit = jax.jit(functools.partial(_global_forward, cfg=cfg))
+    self._local_packing = dataclasses.replace(self.packing, query_buckets=(self.local_slots,))
+    # A whole number of global groups, independent of the device count (same calls anywhere).
+    self.chunk_records = -(-DEFAULT_CHUNK_RECORDS // queries_per_batch) * queries_per_batch
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
+    self.devices = list(devices) if devices else list(jax.local_devices())
+    self.num_devices = len(self.devices)
+    self.mesh = Mesh(np.asarray(self.devices, dtype=object), ("data",))
+    self._data_sharding = NamedSharding(self.mesh, PartitionSpec("data"))
+    # Params live on the devices once (replicated); host arrays would be copied on every call.
+    self.params = jax.device_put(params, NamedSharding(self.mesh, PartitionSpec()))
+    self._local_jit = _stacked(functools.partial(_local_forward, cfg=cfg), self.mesh)
+    self._global_jit = _stacked(functools.partial(_global_forward, cfg=cfg), self.mesh)
+    self._executables = {}  # (stage, shapes) -> compiled executable
+    self._pad_id = int(tokenizer.pad_token_id or 0) if tokenizer is not None else 0
     self._compiles = 0
     self._cache_hits = 0
     self._calls = 0
+    self._tokens = {"real": 0, "computed": 0, "inert": 0, "local_calls": 0, "inert_calls": 0}
     _ensure_listeners()
 
   @classmethod
@@ -289,25 +364,116 @@ class Reranker:
   def compile_stats(self) -> dict:
     """Return compilation counters of this reranker's forward (see the module docstring)."""
     return {"xla_compilations": self._compiles, "persistent_cache_hits": self._cache_hits,
-            "jit_cache_entries": int(self._local_jit._cache_size()  # pylint: disable=protected-access
-                                     + self._global_jit._cache_size()),  # pylint: disable=protected-access
-            "forward_calls": self._calls}
+            "jit_cache_entries": len(self._executables), "forward_calls": self._calls}
 
-  def _call(self, fn, *args):
-    """Run a jitted stage, counting the compilations it triggers; host copies of the result."""
-    before = dict(_COUNTS)
+  def stats(self) -> dict:
+    """Compilation counters plus local-stage padding: `real_tokens` (tokens of the packed
+    sequences), `computed_tokens` (rows x row_len of every real local call), their ratio
+    `padding_efficiency`, and `inert_tokens` of the inert calls that pad a device stack."""
+    t = self._tokens
+    return dict(self.compile_stats(), devices=self.num_devices, real_tokens=t["real"],
+                computed_tokens=t["computed"], inert_tokens=t["inert"],
+                local_calls=t["local_calls"], inert_calls=t["inert_calls"],
+                padding_efficiency=t["real"] / t["computed"] if t["computed"] else None)
+
+  def _executable(self, stage: str, stacked: dict):
+    """The compiled executable of a stage for these stacked shapes (compiled once, counted)."""
+    key = (stage,) + tuple((k, v.shape, str(v.dtype)) for k, v in sorted(stacked.items()))
+    exe = self._executables.get(key)
+    if exe is None:
+      fn = self._local_jit if stage == "local" else self._global_jit
+      spec = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in stacked.items()}
+      before = dict(_COUNTS)
+      try:
+        exe = fn.lower(self.params, spec).compile()
+      except Exception as e:  # pylint: disable=broad-except
+        self._raise_oom(e)
+        raise
+      finally:
+        self._compiles += _COUNTS["compiles"] - before["compiles"]
+        self._cache_hits += _COUNTS["cache_hits"] - before["cache_hits"]
+      self._executables[key] = exe
+    return exe
+
+  @staticmethod
+  def _raise_oom(e: Exception) -> None:
+    if _out_of_memory(e):
+      raise DataError("out of device memory; rerank with fewer queries per call "
+                      "(--queries-per-batch / queries_per_batch, local_slots) or shorter rows "
+                      "(--row-len / row_len, --row-buckets)") from None
+
+  def _call(self, stage: str, lanes: List[dict]):
+    """Run up to `num_devices` calls of one shape as one data-parallel step (the stack padded
+    with inert calls); host copies of each real lane's outputs."""
+    d = self.num_devices
+    lanes = list(lanes) + [_inert_like(lanes[0])] * (d - len(lanes))
+    stacked = {k: np.stack([ln[k] for ln in lanes]) for k in lanes[0]}
+    exe = self._executable(stage, stacked)
     try:
-      out = jax.tree_util.tree_map(np.asarray, fn(self.params, *args))  # waits for the device
+      out = exe(self.params, jax.device_put(stacked, self._data_sharding))
+      out = jax.tree_util.tree_map(np.asarray, out)  # waits for the devices
     except Exception as e:  # pylint: disable=broad-except  (XLA raises its own runtime errors)
-      if _out_of_memory(e):
-        raise DataError("out of device memory; rerank with fewer queries per call "
-                        "(--queries-per-batch / queries_per_batch) or shorter rows "
-                        "(--row-len / row_len)") from None
+      self._raise_oom(e)
       raise
-    self._compiles += _COUNTS["compiles"] - before["compiles"]
-    self._cache_hits += _COUNTS["cache_hits"] - before["cache_hits"]
     self._calls += 1
     return out
+
+  def _local_shape(self, rows: int, spans: int, nodes: int):
+    """(rows, spans, nodes per slot) of the smallest row bucket that holds a call; the span
+    table and node slots of a row bucket are fixed (`_rung`), so each row bucket is one shape.
+    None when no row bucket holds it."""
+    for r in self.packing.row_buckets:
+      if r >= rows:
+        s, n = self._rung(r)
+        if s >= spans and n >= nodes:
+          return r, s, n
+    return None
+
+  def _rung(self, rows: int):
+    """(spans, nodes per slot) of a local call of `rows` rows: spans for one per
+    `TOKENS_PER_SPAN` tokens (capped by the largest span bucket), nodes as many as spans
+    (capped by the largest node bucket), each rounded up to a configured bucket."""
+    pk = self.packing
+    want = max(rows * pk.row_len // TOKENS_PER_SPAN, 1)
+    s = next((b for b in pk.span_buckets if b >= want), pk.span_buckets[-1])
+    n = next(b for b in pk.node_buckets if b >= min(s, pk.node_buckets[-1]))
+    return int(s), int(n)
+
+  def local_shapes(self) -> List[tuple]:
+    """Every (rows, spans, nodes per slot) a local call can have (one per row bucket), for
+    calls that fit the buckets; a passage larger than every bucket adds a grown shape."""
+    return [(r,) + self._rung(r) for r in self.packing.row_buckets]
+
+  def precompile(self) -> dict:
+    """Compile every shape the engine uses on bucket-sized traffic: each local row bucket
+    (`local_shapes`) and each global node bucket, for this device count, so that live
+    traffic compiles nothing (only a query larger than every bucket adds a grown shape).
+
+    Returns:
+      `compile_stats()` after compiling.
+    """
+    slots, qpb = self.local_slots, self.queries_per_batch
+    d_enc = self.cfg.local.encoder.hidden_size
+    L = self.packing.row_len
+    stack = lambda arrays: {k: np.zeros((self.num_devices,) + v.shape, v.dtype)  # noqa: E731
+                            for k, v in arrays.items()}
+    for r, s, n in self.local_shapes():
+      arrays = {k: np.zeros((r, L), np.int32) for k in TOKEN_KEYS}
+      arrays.update({k: np.zeros((s,), np.int32) for k in SPAN_KEYS})
+      arrays.update(node_passage=np.zeros((slots, n), np.int32),
+                    node_mask=np.zeros((slots, n), bool))
+      self._executable("local", stack(arrays))
+    for n in self.packing.node_buckets:
+      self._executable("global", stack(self._global_arrays(qpb, n, d_enc)))
+    return self.compile_stats()
+
+  @staticmethod
+  def _global_arrays(size: int, n: int, d: int) -> dict:
+    return {"h": np.zeros((size, n, d), np.float32),
+            "role_probs": np.zeros((size, n, NUM_ROLES), np.float32),
+            "local_score": np.zeros((size, n), np.float32),
+            "node_passage": np.full((size, n), -1, np.int32),
+            "node_mask": np.zeros((size, n), bool)}
 
   def _token_counts(self, records: Sequence[InferenceRecord]):
     """(query tokens, tokens per passage) of each record: the cost used to cut queries into
@@ -319,60 +485,77 @@ class Reranker:
             for q, r in zip(queries, records)]
 
   def _local_calls(self, records: Sequence[InferenceRecord]):
-    """Cut the records' scorable passages into local-stage calls that fit the buckets.
+    """Cut the records' scorable passages into nearly full local-stage calls.
 
-    Each call holds at most `queries_per_batch` slots; a slot is (record index, passage
-    indices) of one record. A query whose passages do not fit one call is spread over several
-    slots and calls (local scores depend only on the (query, passage) sequence, so this
-    changes no score). Returns a list of calls, each a list of slots.
+    The passages of all `records` (in order) are cut into the fewest calls that fit the
+    largest row bucket at `CALL_FILL` of its tokens, the span table and `local_slots` slots,
+    with the tokens balanced over the calls (so the last call is not a small remainder). A slot
+    is (record index, passage indices) of one record: a query may spread over several slots and
+    calls (local scores depend only on the (query, passage) sequence, so this changes no score).
+    Returns a list of calls, each a list of slots.
     """
     pk = self.packing
     row_len = pk.row_len
-    # Budgets with slack for first-fit fragmentation; a call that still overflows is split.
-    token_budget = int(0.85 * pk.row_buckets[-1] * row_len)
-    span_budget = pk.span_buckets[-1] - 1
-    node_budget = pk.node_buckets[-1]
+    max_rows = pk.row_buckets[-1]
+    span_budget, node_budget = self._rung(max_rows)
+    span_budget -= 1  # span 0 is the dummy
+    token_budget = int(CALL_FILL * max_rows * row_len)
     counts = self._token_counts(records)
-    calls, cur, used_tokens, used_spans = [], [], 0, 0
+    items = []  # (record, passage, tokens, spans, nodes)
     for ri, rec in enumerate(records):
-      slot, slot_nodes = None, 0
       q_len, p_lens = counts[ri]
       qtok = min(q_len, pk.max_query_tokens) + 3  # [CLS] q [SEP] ... [SEP] in every window
       for pi, psg in enumerate(rec.passages):
         n = len(psg.sentences)
         if n == 0:
           continue
-        windows = max(1, -(-p_lens[pi] // max(row_len - qtok, 1)))
-        tokens = p_lens[pi] + windows * qtok
-        spans = n + windows
-        full = cur and (used_tokens + tokens > token_budget or used_spans + spans > span_budget)
-        if full or (slot is not None and slot_nodes + n > node_budget):
-          if full:
-            calls.append(cur)
-            cur, used_tokens, used_spans = [], 0, 0
-          slot = None
-        if slot is None:
-          if len(cur) == self.queries_per_batch:
-            calls.append(cur)
-            cur, used_tokens, used_spans = [], 0, 0
-          slot, slot_nodes = (ri, []), 0
-          cur.append(slot)
-        slot[1].append(pi)
-        slot_nodes += n
-        used_tokens += tokens
-        used_spans += spans
+        if not self.cfg.contextual_encoding:  # one sequence per sentence
+          windows = n
+        else:
+          windows = max(1, -(-p_lens[pi] // max(row_len - qtok, 1)))
+        items.append((ri, pi, p_lens[pi] + windows * qtok, n + windows, n))
+    total = sum(t for _, _, t, _, _ in items)
+    n_calls = max(1, -(-total // token_budget),
+                  -(-sum(sp for _, _, _, sp, _ in items) // span_budget))
+    target = total / n_calls
+    calls, cur, used_tokens, used_spans, done = [], [], 0, 0, 0
+    slot, slot_nodes = None, 0
+    for ri, pi, tokens, spans, n in items:
+      new_slot = slot is None or slot[0] != ri or slot_nodes + n > node_budget
+      full = cur and (used_tokens + tokens > token_budget or used_spans + spans > span_budget
+                      or (new_slot and len(cur) == self.local_slots)
+                      # balanced cut: the call's share of the chunk's tokens is reached
+                      or done + tokens / 2 > (len(calls) + 1) * target)
+      if full:
+        calls.append(cur)
+        cur, used_tokens, used_spans, slot = [], 0, 0, None
+      if slot is None or new_slot:
+        slot, slot_nodes = (ri, []), 0
+        cur.append(slot)
+      slot[1].append(pi)
+      slot_nodes += n
+      used_tokens += tokens
+      used_spans += spans
+      done += tokens
     if cur:
       calls.append(cur)
     return calls
 
   def _pack_call(self, records, call):
-    """Pack one local call; a call that overflows a bucket is split in halves, and a single
-    passage too large for every bucket gets grown buckets (one more shape, not an error)."""
+    """Pack one local call into its row bucket's shape: [(slots, model arrays, PackInfo)].
+
+    A call that overflows the largest bucket is split in halves, and a single passage too
+    large for every bucket gets grown buckets (one more shape, not an error)."""
     queries = [QueryInput(records[ri].query, [records[ri].sentence_texts[pi] for pi in pis])
                for ri, pis in call]
     try:
-      return [(call, *pack_for_model(queries, self.tokenizer, self.packing,
-                                     self.cfg.contextual_encoding))]
+      batch, info = pack_for_model(queries, self.tokenizer, self._local_packing,
+                                   self.cfg.contextual_encoding)
+      spans = int(np.flatnonzero(batch.span_kind).max(initial=0)) + 1
+      shape = self._local_shape(info.num_rows_used, spans, int(batch.node_mask.sum(1).max()))
+      if shape is None:
+        raise BucketOverflowError("call does not fit a row bucket's span table or node slots")
+      return [(call, _pad_local(batch, *shape, self._pad_id), info)]
     except BucketOverflowError:
       if len(call) > 1 or len(call[0][1]) > 1:
         if len(call) > 1:
@@ -382,51 +565,85 @@ class Reranker:
           halves = [[(ri, pis[:len(pis) // 2])], [(ri, pis[len(pis) // 2:])]]
         return [part for h in halves for part in self._pack_call(records, h)]
     # One passage alone overflows: grow every bucket to cover it.
-    big = dataclasses.replace(self.packing, row_buckets=grown_buckets(self.packing.row_buckets, 1 << 20),
+    big = dataclasses.replace(self._local_packing,
+                              row_buckets=grown_buckets(self.packing.row_buckets, 1 << 20),
                               span_buckets=grown_buckets(self.packing.span_buckets, 1 << 22),
                               node_buckets=grown_buckets(self.packing.node_buckets, 1 << 22))
     batch, info = pack_for_model(queries, self.tokenizer, big, self.cfg.contextual_encoding)
-    return [(call, batch, info)]
+    return [(call, {k: getattr(batch, k) for k in MODEL_KEYS}, info)]
+
+  def _run_stacked(self, stage: str, jobs: list) -> list:
+    """Run (arrays, tag) jobs: jobs of one shape are stacked `num_devices` at a time (in
+    order); returns (tag, outputs of its lane) per job, in job order."""
+    by_shape = {}
+    for j, (arrays, _) in enumerate(jobs):
+      by_shape.setdefault(tuple((k, v.shape) for k, v in sorted(arrays.items())), []).append(j)
+    outs = [None] * len(jobs)
+    d = self.num_devices
+    for idx in by_shape.values():
+      for start in range(0, len(idx), d):
+        part = idx[start:start + d]
+        out = self._call(stage, [jobs[j][0] for j in part])
+        if stage == "local":
+          self._tokens["local_calls"] += len(part)
+          self._tokens["inert_calls"] += d - len(part)
+          rows_len = int(np.prod(jobs[part[0]][0]["input_ids"].shape))
+          self._tokens["computed"] += rows_len * len(part)
+          self._tokens["inert"] += rows_len * (d - len(part))
+        for lane, j in enumerate(part):
+          outs[j] = (jobs[j][1], jax.tree_util.tree_map(lambda x, i=lane: x[i], out))
+    return outs
 
   def _score_group(self, records: Sequence[InferenceRecord]) -> List[QueryScores]:
-    """Score records: local stage over as many bucketed calls as they need, then the global
-    stage over each query's whole graph (never cut), `queries_per_batch` queries per call."""
+    """Score records: local stage over as few, nearly full calls as they need, then the global
+    stage over each query's whole graph (never cut), `queries_per_batch` queries per call;
+    calls of one shape run `num_devices` at a time."""
     d = self.cfg.local.encoder.hidden_size
     nodes: List[List[tuple]] = [[] for _ in records]   # per record: (pi, si, h, roles, z)
     windows = [dict() for _ in records]                # per record: pi -> (windows, trunc, empty)
     truncated_q = [False] * len(records)
-    for call in self._local_calls(records):
-      for part, batch, info in self._pack_call(records, call):
-        out = self._call(self._local_jit, {k: getattr(batch, k) for k in MODEL_KEYS})
-        for slot, (ri, pis) in enumerate(part):
-          truncated_q[ri] |= bool(info.query_truncated[slot])
-          m = np.flatnonzero(batch.node_mask[slot])
-          for ni in m:
-            lp, si = int(batch.node_passage[slot, ni]), int(batch.node_sentence[slot, ni])
-            nodes[ri].append((pis[lp], si, out["h"][slot, ni], out["role_probs"][slot, ni],
-                              float(out["local_score"][slot, ni])))
-          for lp, pinfo in zip(pis, self._passage_info_of(records[ri], pis, info.passages[slot])):
-            windows[ri][lp] = pinfo
-    results: List[QueryScores] = []
+    jobs = [(arrays, (part, arrays, info)) for call in self._local_calls(records)
+            for part, arrays, info in self._pack_call(records, call)]
+    for (part, arrays, info), out in self._run_stacked("local", jobs):
+      self._tokens["real"] += info.real_tokens
+      node_passage, node_mask = arrays["node_passage"], arrays["node_mask"]
+      for slot, (ri, pis) in enumerate(part):
+        truncated_q[ri] |= bool(info.query_truncated[slot])
+        for ni in np.flatnonzero(node_mask[slot]):
+          # node n of a slot is its n-th sentence in passage order (packer contract)
+          lp = int(node_passage[slot, ni])
+          nodes[ri].append((pis[lp], out["h"][slot, ni], out["role_probs"][slot, ni],
+                            float(out["local_score"][slot, ni])))
+        for lp, pinfo in zip(pis, self._passage_info_of(records[ri], pis, info.passages[slot])):
+          windows[ri][lp] = pinfo
+    # Sentence index of each node: a passage's nodes are its sentences in order, all in one
+    # slot (packer contract), so counting them per passage recovers the index.
+    for ri in range(len(records)):
+      fixed, seen = [], {}
+      for pi, h, roles, z in nodes[ri]:
+        si = seen.get(pi, 0)
+        seen[pi] = si + 1
+        fixed.append((pi, si, h, roles, z))
+      nodes[ri] = fixed
     size = self.queries_per_batch
+    gjobs = []
     for start in range(0, len(records), size):
       group = list(range(start, min(start + size, len(records))))
       for ri in group:
         nodes[ri].sort(key=lambda t: (t[0], t[1]))  # passage order, as one joint packing
       n_max = max([len(nodes[ri]) for ri in group] + [1])
       n = bucket_size(n_max, grown_buckets(self.packing.node_buckets, n_max), "node_buckets")
-      feats = {"h": np.zeros((size, n, d), np.float32),
-               "role_probs": np.zeros((size, n, NUM_ROLES), np.float32),
-               "local_score": np.zeros((size, n), np.float32),
-               "node_passage": np.full((size, n), -1, np.int32),
-               "node_mask": np.zeros((size, n), bool)}
+      feats = self._global_arrays(size, n, d)
       for q, ri in enumerate(group):
         for j, (pi, _, h, roles, z) in enumerate(nodes[ri]):
           feats["h"][q, j], feats["role_probs"][q, j], feats["local_score"][q, j] = h, roles, z
           feats["node_passage"][q, j] = pi
         feats["node_mask"][q, :len(nodes[ri])] = True
-      out = self._call(self._global_jit, feats)
-      out["role_probs"] = feats["role_probs"].reshape(size * n, NUM_ROLES)
+      gjobs.append((feats, (group, feats)))
+    results: List[QueryScores] = []
+    for (group, feats), out in self._run_stacked("global", gjobs):
+      n = feats["node_mask"].shape[1]
+      out = dict(out, role_probs=feats["role_probs"].reshape(size * n, NUM_ROLES))
       contexts = log_context(out, self.cfg)
       final = out["final_score"].reshape(size, n)
       for q, ri in enumerate(group):
@@ -458,9 +675,10 @@ class Reranker:
 
   def score(self, records: Sequence[InferenceRecord], progress: bool = False
             ) -> List[Union[QueryScores, LogRerankError]]:
-    """Score parsed records in groups of `queries_per_batch`, one result or error per record.
+    """Score parsed records in chunks of `chunk_records`, one result or error per record.
 
-    A group that fails (e.g. a query larger than the biggest bucket) is retried one record at a
+    Local calls are filled across a chunk's records, global calls take `queries_per_batch`
+    of them at a time. A chunk that fails (e.g. a query larger than the biggest bucket) is retried one record at a
     time so only the offending record gets the error.
 
     Args:
@@ -475,7 +693,7 @@ class Reranker:
     if progress:
       from tqdm import tqdm  # pylint: disable=g-import-not-at-top
       bar = tqdm(total=len(records), unit="query", desc="rerank")
-    size = self.queries_per_batch
+    size = self.chunk_records
     for start in range(0, len(records), size):
       idx = list(range(start, min(start + size, len(records))))
       try:

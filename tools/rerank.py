@@ -2,7 +2,8 @@
 
   python tools/rerank.py --checkpoint MODEL_OR_WORKDIR --input in.jsonl --output out.jsonl \
       [--format log|openscholar] [--strict] [--queries-per-batch 4] [--row-len N] \
-      [--max-query-tokens N] \
+      [--max-query-tokens N] [--local-slots N] [--precompile] \
+      [--distributed [--coordinator-address HOST:PORT --num-processes P --process-id I]] \
       [--compilation-cache DIR | --no-compilation-cache] [--no-progress]
 
 Input lines: {"input"|"question": str, "ctxs"|"passages": [{"title", "text", ...}], ...}.
@@ -14,7 +15,15 @@ field; a passage whose text is unusable is kept, unranked, with its reason in
 is 0 only when every record was fully processed, else 2 after writing everything; the last
 stderr line counts records, skipped passages and errors and names the first lines.  The output is written to
 a temporary file in the same folder and renamed into place, so it is never half-written.
-The last stderr line reports the number of XLA compilations of the forward.
+The stderr summary reports the devices used, the number of XLA compilations of the forward
+and the local stage's padding efficiency (real tokens / rows x row length computed).
+
+Devices: every local device by default (calls of one shape run data-parallel over a mesh of
+them). `--precompile` compiles every bucket shape before the first record, so live traffic
+compiles nothing. `--distributed` initialises `jax.distributed` (coordinator flags, or
+auto-detected on a cluster): process i of P reranks records i, i+P, ... on its own devices,
+writes them to `OUTPUT.shard-i-of-P` next to the output, and process 0 merges the shards in
+input order after a barrier (every record exactly once) and prints the summary.
 """
 
 import argparse
@@ -57,6 +66,17 @@ def parse_args(argv=None):
                       "when a query has more sentences)")
   p.add_argument("--max-query-tokens", type=int, default=None,
                  help="query token limit (default: the model's training setting, else 64)")
+  p.add_argument("--local-slots", type=int, default=None,
+                 help="query slots per local-stage call (default max(16, --queries-per-batch))")
+  p.add_argument("--precompile", action="store_true",
+                 help="compile every bucket shape first (a service then compiles nothing live)")
+  p.add_argument("--distributed", action="store_true",
+                 help="multi-host: jax.distributed.initialize, each process reranks its shard "
+                      "of the records, process 0 merges them in input order")
+  p.add_argument("--coordinator-address", default="",
+                 help="with --distributed: HOST:PORT of process 0 (else auto-detected)")
+  p.add_argument("--num-processes", type=int, default=1, help="with --coordinator-address")
+  p.add_argument("--process-id", type=int, default=0, help="with --coordinator-address")
   p.add_argument("--compilation-cache", default=None,
                  help=f"persistent XLA cache folder (default ${inference.DEFAULT_CACHE_ENV} or "
                       "~/.cache/logrerank_jax/xla; created with 0o700)")
@@ -93,11 +113,51 @@ def write_jsonl_atomic(path: str, objs) -> None:
     raise
 
 
+def init_distributed(args) -> tuple:
+  """Initialise multi-host JAX when asked; return (process index, process count)."""
+  if args.distributed:
+    # CPU hosts need a collectives backend for the barrier; other platforms ignore it.
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    kwargs = {}
+    if args.coordinator_address:
+      kwargs = dict(coordinator_address=args.coordinator_address,
+                    num_processes=args.num_processes, process_id=args.process_id)
+    jax.distributed.initialize(**kwargs)
+  return jax.process_index(), jax.process_count()
+
+
+def shard_path(output: str, pid: int, nproc: int) -> str:
+  """Where process `pid` of `nproc` writes its records (next to the output)."""
+  return f"{output}.shard-{pid}-of-{nproc}"
+
+
+def merge_shards(output: str, nproc: int, total: int) -> list:
+  """Read every process's shard; return its entries ordered by input index, checking that each
+  of the `total` records is there exactly once. Removes the shard files."""
+  entries, headers = {}, []
+  for pid in range(nproc):
+    path = shard_path(output, pid, nproc)
+    with open(path, encoding="utf-8") as f:
+      headers.append(json.loads(f.readline()))
+      for line in f:
+        e = json.loads(line)
+        if e["i"] in entries:
+          raise LogRerankError(f"record {e['i']} written by two processes")
+        entries[e["i"]] = e
+  missing = sorted(set(range(total)) - entries.keys())
+  if missing:
+    raise LogRerankError(f"records missing from the shards: {missing[:10]}")
+  for pid in range(nproc):
+    os.remove(shard_path(output, pid, nproc))
+  return headers, [entries[i] for i in range(total)]
+
+
 def main(argv=None) -> int:
   """Run the CLI; return the exit status."""
   args = parse_args(argv)
   start = time.time()
   try:
+    pid, nproc = init_distributed(args)
     check_output_writable(args.output)  # fail now, not after every record has been scored
     if not args.no_compilation_cache:
       inference.enable_compilation_cache(args.compilation_cache or inference.default_compilation_cache_dir())
@@ -106,40 +166,74 @@ def main(argv=None) -> int:
                (("row_buckets", args.row_buckets), ("node_buckets", args.node_buckets)) if v}
     reranker = inference.Reranker.from_pretrained(
         args.checkpoint, queries_per_batch=args.queries_per_batch, row_len=args.row_len,
-        max_query_tokens=args.max_query_tokens, **buckets)
+        max_query_tokens=args.max_query_tokens, local_slots=args.local_slots, **buckets)
   except (LogRerankError, OSError) as e:
     print(f"rerank: error: {e}", file=sys.stderr)
     return 1
-  if reranker.local_only:
+  if reranker.local_only and pid == 0:
     print("rerank: note: the model has no global (GAT) params (a local-stage export); "
           "scores are the local ones and global_score is null", file=sys.stderr)
-  typed = reranker.rerank_lines(lines, progress=not args.no_progress and len(lines) > 1)
+  if args.precompile:
+    t0 = time.time()
+    pre = reranker.precompile()
+    print(f"rerank: precompiled {pre['jit_cache_entries']} shapes ({pre['xla_compilations']} XLA "
+          f"compilations) in {time.time() - t0:.1f}s", file=sys.stderr)
+  compiled_before = reranker.compile_stats()["xla_compilations"] if args.precompile else 0
+  mine = [i for i in range(len(lines)) if i % nproc == pid]  # this process's records
+  my_lines = [lines[i] for i in mine]
+  typed = reranker.rerank_lines(my_lines, progress=not args.no_progress and len(my_lines) > 1)
   if args.strict:
     # --strict: a record with a skipped passage is not fully processed, so it is an error.
     typed = [results_lib.record_error(ln.raw, "passages skipped: " + "; ".join(
         f"{pkey(ln)}[{i}] {why}" for i, why in r.skipped), r.line)
-             if getattr(r, "skipped", None) else r for ln, r in zip(lines, typed)]
+             if getattr(r, "skipped", None) else r for ln, r in zip(my_lines, typed)]
   results = [r.to_dict() for r in typed]
   if args.format == "openscholar":
-    objs = [inference.to_openscholar(ln.raw, r) for ln, r in zip(lines, results)]
+    objs = [inference.to_openscholar(ln.raw, r) for ln, r in zip(my_lines, results)]
   else:
     objs = results
-  write_jsonl_atomic(args.output, objs)
-  errors = [r for r in typed if r.error is not None]
-  partial = [r for r in typed if r.error is None and r.skipped]
-  skipped = sum(len(r.skipped) for r in partial)
-  for r in errors:
-    print(f"rerank: record at line {r.line}: {r.error}", file=sys.stderr)
-  for r in partial:
-    print(f"rerank: record at line {r.line}: skipped " + "; ".join(
-        f"passage {i} ({why})" for i, why in r.skipped), file=sys.stderr)
-  stats = reranker.compile_stats()
-  print(f"rerank: {len(results)} records in {time.time() - start:.1f}s on "
-        f"{jax.local_device_count()} device(s); XLA compilations: {stats['xla_compilations']} "
-        f"(persistent-cache hits {stats['persistent_cache_hits']}, jit cache entries "
-        f"{stats['jit_cache_entries']}, forward calls {stats['forward_calls']})", file=sys.stderr)
-  bad_lines = [r.line for r in errors + partial]
-  print(f"rerank: {len(results) - len(errors) - len(partial)} of {len(results)} records fully "
+  for r in typed:
+    if r.error is not None:
+      print(f"rerank: record at line {r.line}: {r.error}", file=sys.stderr)
+    elif r.skipped:
+      print(f"rerank: record at line {r.line}: skipped " + "; ".join(
+          f"passage {i} ({why})" for i, why in r.skipped), file=sys.stderr)
+  stats = reranker.stats()
+  stats["live_compilations"] = stats["xla_compilations"] - compiled_before
+  entries = [{"i": i, "obj": o, "line": r.line, "error": r.error is not None,
+              "skipped": 0 if r.error is not None else len(r.skipped or ())}
+             for i, o, r in zip(mine, objs, typed)]
+  headers = [stats]
+  if nproc > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    write_jsonl_atomic(shard_path(args.output, pid, nproc), [stats] + entries)
+    multihost_utils.sync_global_devices("logrerank_jax rerank: shards written")
+    if pid != 0:
+      return 2 if any(e["error"] or e["skipped"] for e in entries) else 0
+    try:
+      headers, entries = merge_shards(args.output, nproc, len(lines))
+    except (LogRerankError, OSError, ValueError) as e:
+      print(f"rerank: error: merging the shards: {e}", file=sys.stderr)
+      return 1
+  write_jsonl_atomic(args.output, [e["obj"] for e in entries])
+  total = {k: sum(h[k] for h in headers) for k in
+           ("devices", "xla_compilations", "persistent_cache_hits", "jit_cache_entries",
+            "forward_calls", "real_tokens", "computed_tokens", "inert_tokens", "live_compilations")}
+  errors = [e for e in entries if e["error"]]
+  partial = [e for e in entries if not e["error"] and e["skipped"]]
+  skipped = sum(e["skipped"] for e in partial)
+  eff = total["real_tokens"] / total["computed_tokens"] if total["computed_tokens"] else 0.0
+  procs = f" in {nproc} processes" if nproc > 1 else ""
+  print(f"rerank: {len(entries)} records in {time.time() - start:.1f}s on "
+        f"{total['devices']} device(s){procs}; XLA compilations: {total['xla_compilations']} "
+        f"(persistent-cache hits {total['persistent_cache_hits']}, jit cache entries "
+        f"{total['jit_cache_entries']}, forward calls {total['forward_calls']}"
+        + (f", after precompile {total['live_compilations']}" if args.precompile else "")
+        + f"); padding efficiency {eff:.3f} ({total['real_tokens']} real / "
+        f"{total['computed_tokens']} computed tokens, {total['inert_tokens']} in inert "
+        "device-stack calls)", file=sys.stderr)
+  bad_lines = [e["line"] for e in errors + partial]
+  print(f"rerank: {len(entries) - len(errors) - len(partial)} of {len(entries)} records fully "
         f"processed, {len(partial)} with {skipped} skipped passage(s), {len(errors)} error(s)"
         + (f"; first lines: {', '.join(map(str, sorted(bad_lines)[:5]))}" if bad_lines else "")
         + f" -> {args.output}", file=sys.stderr)
