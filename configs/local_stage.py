@@ -51,7 +51,11 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   config.listwise_tau = 1.0              # eq 19 (unstated in the paper)
   config.max_steps = 0                   # stop after this many micro-steps (0 = all epochs)
   # --- Parallelism.
-  config.parallel = "pmap"               # "pmap" | "shard_map"
+  # "pmap" | "shard_map" | "jit": the same result on any device count (tests/test_data_parallel.py).
+  # pmap and shard_map (checked mode, under jit) run one per-device step with explicit psums;
+  # "jit" (what current JAX recommends) is plain jax.jit over a mesh with the batch axis sharded,
+  # the loss the global mean and the collectives XLA's.
+  config.parallel = "pmap"
   config.num_devices = 0                 # 0 = all local devices
   config.distributed = False             # jax.distributed.initialize (multi-host)
   config.coordinator_address = ""        # explicit multi-host set-up (else auto-detected)

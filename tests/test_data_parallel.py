@@ -1,46 +1,195 @@
-"""Data-parallel training gives the same parameters on 1 and 4 devices, under pmap and shard_map."""
+"""Data-parallel training gives the same params on 1 and 4 devices, under pmap, shard_map and jit.
 
+Every run is a fresh subprocess (JAX reads the forced CPU device count at start-up). The toy runs
+use plain SGD and the LoG runs Adam with eps = 1, settings where the gradient's scale shows in
+the params, and each suite includes the pre-fix step (checked shard_map reducing the gradient
+twice) to prove that its bound catches that bug.
+"""
+
+import json
 import os
 import pathlib
+import socket
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-WORKERS = pathlib.Path(__file__).parent / "workers"
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+WORKERS = ROOT / "tests" / "workers"
+DEMO = ROOT / "logrerank_jax" / "demo_data"
 
 
-def _run(worker, mode, ndev, out):
-  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={ndev}",
-             JAX_PLATFORMS="cpu")
-  proc = subprocess.run([sys.executable, str(WORKERS / worker), mode, str(ndev), str(out)],
-                        env=env, capture_output=True, text=True, timeout=300)
+def _env(ndev):
+  return dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={ndev}",
+              JAX_PLATFORMS="cpu")
+
+
+# ----------------------------------------------------------------------------- toy model
+
+def _run_toy(mode, ndev, out):
+  proc = subprocess.run([sys.executable, str(WORKERS / "dp_toy.py"), mode, str(ndev), str(out)],
+                        env=_env(ndev), capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   return dict(np.load(out))
+
+
+TOY_CASES = [("pmap", 4), ("shard_map", 4), ("shard_map", 1), ("jit", 4), ("jit", 1)]
+# 12 SGD steps on float32 params of size ~1: only the order of float sums differs between
+# layouts. Measured max |difference| 6.0e-8 (w), 3.0e-8 (b), about one ulp at 1.0; the bound
+# leaves a 16x margin, and a twice-reduced gradient is off by 1.1 (test below).
+TOY_ATOL = 1e-6
 
 
 @pytest.fixture(scope="module")
 def toy_runs(tmp_path_factory):
   d = tmp_path_factory.mktemp("dp")
-  return {(m, n): _run("dp_toy.py", m, n, d / f"{m}{n}.npz")
-          for m, n in [("pmap", 1), ("pmap", 4), ("shard_map", 4), ("shard_map", 1)]}
+  return {(m, n): _run_toy(m, n, d / f"{m}{n}.npz")
+          for m, n in [("pmap", 1)] + TOY_CASES + [("double", 4)]}
 
 
-@pytest.mark.parametrize("mode,ndev", [("pmap", 4), ("shard_map", 4), ("shard_map", 1)],
-                         ids=["pmap-4dev", "shard_map-4dev", "shard_map-1dev"])
+@pytest.mark.parametrize("mode,ndev", TOY_CASES, ids=[f"{m}-{n}dev" for m, n in TOY_CASES])
 def test_toy_params_equal_single_device_pmap(toy_runs, mode, ndev):
   ref, got = toy_runs[("pmap", 1)], toy_runs[(mode, ndev)]
   assert int(got["step"]) == 12
-  # Same global batch, same math; only the reduction order of float sums differs (float32: a few
-  # eps = 1.19e-7 relative per step on O(1) values over 12 steps). Measured 1.9e-9 (w, b) and
-  # 9.5e-7 on the losses (ratio to the bound 0.076, 13x).
-  np.testing.assert_allclose(got["w"], ref["w"], rtol=0, atol=1e-6)
-  np.testing.assert_allclose(got["b"], ref["b"], rtol=0, atol=1e-6)
-  np.testing.assert_allclose(got["losses"], ref["losses"], rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(got["w"], ref["w"], rtol=0, atol=TOY_ATOL)
+  np.testing.assert_allclose(got["b"], ref["b"], rtol=0, atol=TOY_ATOL)
+  # Losses ~1-10, measured relative difference <= 2.2e-7.
+  np.testing.assert_allclose(got["losses"], ref["losses"], rtol=2e-6, atol=0)
 
 
 def test_toy_training_moves_params(toy_runs):
   ref = toy_runs[("pmap", 1)]
   w0 = np.random.RandomState(0).randn(5).astype(np.float32)
   assert np.abs(ref["w"] - w0).max() > 1e-2
+
+
+def test_toy_gradient_reduced_twice_is_caught(toy_runs):
+  # The pre-fix step under checked shard_map: its gradient is 4x the true one (the implicit
+  # cast's transpose psums it, then the explicit psum again), so with SGD the params drift by
+  # ~1 (measured 1.1), far outside TOY_ATOL.
+  ref, got = toy_runs[("pmap", 1)], toy_runs[("double", 4)]
+  assert np.abs(got["w"] - ref["w"]).max() > 1000 * TOY_ATOL
+
+
+# ----------------------------------------------------------------------------- real LoG local step
+
+# Adam with eps = 1 (update ~ lr * g / (1 + sqrt(v))) and a large lr, as in tests/test_training.py:
+# with the usual eps = 1e-8 Adam is scale-free, which would hide a gradient scaled by the device
+# count, and zero-gradient parameters would move by ~lr along float noise.
+LOG_OVERRIDES = {"dropout": 0.0, "micro_batch_size": 4, "max_steps": 3, "adam_eps": 1.0,
+                 "learning_rate": 0.1}
+LOG_CASES = {"pmap-1dev": ("pmap", 1), "jit-1dev": ("jit", 1), "pmap-4dev": ("pmap", 4),
+             "shard_map-4dev": ("shard_map", 4), "jit-4dev": ("jit", 4)}
+# 3 steps of the tiny LoG local model: measured max |param difference| between any two of the
+# runs 3.0e-8 (float summation order only; pmap-4dev and shard_map-4dev are bitwise equal); the
+# bound leaves a 33x margin, and the twice-reduced gradient moves the params by 1.8e-2 (test
+# below), 18000x the bound.
+LOG_ATOL = 1e-6
+
+
+@pytest.fixture(scope="module")
+def log_data(tmp_path_factory):
+  """Six training queries and a tokenizer trained on them (as tests/test_training.py)."""
+  from logrerank_jax.data.tokenization import train_wordpiece_tokenizer
+  d = tmp_path_factory.mktemp("log")
+  lines = (DEMO / "train.jsonl").read_text().splitlines()[:6]
+  (d / "train.jsonl").write_text("\n".join(lines) + "\n")
+  recs = [json.loads(l) for l in lines]
+  texts = [r["question"] for r in recs] + [s["text"] for r in recs for p in r["passages"]
+                                           for s in p["sentences"]]
+  train_wordpiece_tokenizer(texts, 600, str(d / "tok"))
+  return d
+
+
+def _run_log(data, name, mode, ndev, overrides=None, **spec_extra):
+  overrides = dict(LOG_OVERRIDES, train_file=str(data / "train.jsonl"), val_file="",
+                   tokenizer=str(data / "tok"), parallel=mode, num_devices=ndev,
+                   **(overrides or {}))
+  spec = {"config": "local", "overrides": overrides, "workdir": str(data / f"wd-{name}"),
+          "out": str(data / f"{name}.npz"), **spec_extra}
+  (data / f"{name}.json").write_text(json.dumps(spec))
+  cmd = [sys.executable, str(WORKERS / "train_worker.py"), str(data / f"{name}.json")]
+  proc = subprocess.run(cmd, env=_env(4), capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  with np.load(data / f"{name}.npz") as z:
+    return {k: z[k] for k in z.files}
+
+
+@pytest.fixture(scope="module")
+def log_runs(log_data):
+  return {name: _run_log(log_data, name, mode, ndev) for name, (mode, ndev) in LOG_CASES.items()}
+
+
+def _max_param_diff(a, b):
+  assert a.keys() == b.keys()
+  return max(float(np.abs(a[k] - b[k]).max()) for k in a if not k.startswith("__"))
+
+
+@pytest.mark.parametrize("name", [n for n in LOG_CASES if n != "pmap-1dev"])
+def test_log_params_equal_single_device_pmap(log_runs, name):
+  ref, got = log_runs["pmap-1dev"], log_runs[name]
+  assert int(got["__step__"]) == 3
+  # Loss ~2.85, measured relative difference <= 1.7e-7 (the bound as tests/test_training.py).
+  np.testing.assert_allclose(got["__loss__"], ref["__loss__"], rtol=1e-5)
+  assert _max_param_diff(got, ref) < LOG_ATOL
+
+
+@pytest.mark.parametrize("ndev", [1, 4])
+def test_log_three_wrappers_equal(log_runs, ndev):
+  runs = {n: r for n, r in log_runs.items() if n.endswith(f"-{ndev}dev")}
+  assert len(runs) == (2 if ndev == 1 else 3)
+  names = sorted(runs)
+  for a in names:
+    for b in names:
+      assert _max_param_diff(runs[a], runs[b]) < LOG_ATOL, (a, b)
+
+
+def test_log_gradient_reduced_twice_is_caught(log_runs, log_data):
+  # The pre-fix step (no varying cast) under checked shard_map reduces the gradient twice (4x):
+  # with Adam eps = 1 the params leave LOG_ATOL by orders of magnitude. This also guards the
+  # equalities above against vacuity (params that did not move would agree with this run too).
+  got = _run_log(log_data, "double-4dev", "shard_map", 4, double_reduce=True)
+  diff = _max_param_diff(got, log_runs["pmap-1dev"])
+  assert diff > 1000 * LOG_ATOL, diff
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def test_log_jit_two_processes_equal_one_process(log_runs, log_data):
+  # 2 processes x 2 CPU devices, one 4-device mesh: each process packs its own devices' shares
+  # and `_place` assembles the global batch with jax.make_array_from_process_local_data.
+  # Measured max |param difference| to the one-process 4-device jit run: 3.0e-8.
+  port, procs = _free_port(), []
+  for pid in range(2):
+    overrides = dict(LOG_OVERRIDES, train_file=str(log_data / "train.jsonl"), val_file="",
+                     tokenizer=str(log_data / "tok"), parallel="jit", distributed=True,
+                     coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=pid)
+    spec = {"config": "local", "overrides": overrides, "workdir": str(log_data / "wd-jit-2proc"),
+            "out": str(log_data / "jit-2proc.npz"), "gloo": True}
+    path = log_data / f"jit-2proc-{pid}.json"
+    path.write_text(json.dumps(spec))
+    procs.append(subprocess.Popen([sys.executable, str(WORKERS / "train_worker.py"), str(path)],
+                                  env=_env(2), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True))
+  for p in procs:
+    _, err = p.communicate(timeout=600)
+    assert p.returncode == 0, err[-4000:]
+  with np.load(log_data / "jit-2proc.npz") as z:
+    got = {k: z[k] for k in z.files}
+  np.testing.assert_allclose(got["__loss__"], log_runs["jit-4dev"]["__loss__"], rtol=1e-5)
+  assert _max_param_diff(got, log_runs["jit-4dev"]) < LOG_ATOL
+
+
+def test_log_dropout_same_masks_under_pmap_and_jit(log_data):
+  # The jit step gives share i the dropout key pmap gives device i, so with dropout on the two
+  # still agree. Measured (dropout 0.1, 4 devices): max |param difference| 3.0e-8 (shard_map is
+  # bitwise equal to pmap), while dropout moves the params 2.4e-3 from the dropout-free run.
+  pmap = _run_log(log_data, "dropout-pmap-4dev", "pmap", 4, overrides={"dropout": 0.1})
+  jit = _run_log(log_data, "dropout-jit-4dev", "jit", 4, overrides={"dropout": 0.1})
+  assert _max_param_diff(jit, pmap) < LOG_ATOL

@@ -76,23 +76,37 @@ def _place(batch_shares, mode, mesh):
              if k != "real_tokens"}
   if mode == "pmap":
     return stacked  # pmap splits the leading device axis itself
+  # shard_map and jit: one global array [all shares, ...] split along its leading axis; each
+  # process contributes its own devices' shares.
   if jax.process_count() > 1:
     sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(step_lib.AXIS))
     return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in stacked.items()}
   return step_lib.put_sharded(stacked, mesh)
 
 
-def _runner(per_device, mode, devices):
-  """Wrap the per-device step with pmap or shard_map; return (run, place_state, take_state, mesh)."""
+PARALLEL_MODES = ("pmap", "shard_map", "jit")
+
+
+def _runner(loss_fn, coefficients, tx, mode, devices):
+  """Build the data-parallel step `mode` names; return (run, place_state, take_state, mesh).
+
+  pmap and shard_map wrap the one per-device step (`step.make_per_device_step`); jit runs the
+  global-mean step (`step.make_global_step`) over a mesh with the batch axis sharded.
+  """
+  if mode not in PARALLEL_MODES:
+    raise ConfigError(f"config.parallel must be one of {PARALLEL_MODES}, got {mode!r}")
   if mode == "pmap":
-    run = step_lib.pmap_step(per_device)
+    run = step_lib.pmap_step(step_lib.make_per_device_step(loss_fn, coefficients, tx))
     return run, (lambda s: step_lib.replicate(s, devices)), step_lib.unreplicate, None
-  if mode != "shard_map":
-    raise ConfigError(f"config.parallel must be 'pmap' or 'shard_map', got {mode!r}")
-  # The shard_map path sees a [1, ...] slice of the stacked shares on each device.
-  squeeze = lambda st, b: per_device(st, jax.tree_util.tree_map(lambda x: x[0], b))
+  # The mesh spans every device of every process; `_place` assembles the global batch.
   all_devices = jax.devices() if jax.process_count() > 1 else devices
-  run, mesh = step_lib.shard_map_step(squeeze, all_devices)
+  if mode == "shard_map":
+    per_device = step_lib.make_per_device_step(loss_fn, coefficients, tx)
+    # The shard_map path sees a [1, ...] slice of the stacked shares on each device.
+    squeeze = lambda st, b: per_device(st, jax.tree_util.tree_map(lambda x: x[0], b))  # noqa: E731
+    run, mesh = step_lib.shard_map_step(squeeze, all_devices)
+  else:
+    run, mesh = step_lib.jit_step(step_lib.make_global_step(loss_fn, coefficients, tx), all_devices)
   return run, (lambda s: step_lib.put_replicated(s, mesh)), (lambda s: s), mesh
 
 
@@ -201,8 +215,7 @@ def train_and_evaluate(config, workdir: str) -> Dict[str, Any]:
     if changed:
       raise ConfigError(f"cannot resume {workdir}: config changed since the checkpoint: {changed}")
 
-  per_device = step_lib.make_per_device_step(loss_fn, coefs, tx)
-  run, place_state, take_state, mesh = _runner(per_device, config.parallel, devices)
+  run, place_state, take_state, mesh = _runner(loss_fn, coefs, tx, config.parallel, devices)
   dstate = place_state(state)
 
   eval_fn = stage.make_eval(val_units)

@@ -1,6 +1,8 @@
 """Train a toy masked regression data-parallel; save final params. Run in a subprocess.
 
-Usage: python dp_toy.py MODE NUM_DEVICES OUT.npz   (MODE: pmap | shard_map)
+Usage: python dp_toy.py MODE NUM_DEVICES OUT.npz
+  MODE: pmap | shard_map | jit, or "double": checked shard_map with the step as it was before
+  the gradient fix (no varying cast of the params), which reduces the gradient twice.
 XLA_FLAGS must already force the CPU device count (it is read at JAX start-up).
 """
 
@@ -9,8 +11,11 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
-from logrerank_jax.training import optim, step as step_lib
+from logrerank_jax.training import step as step_lib
+
+LR = 0.05
 
 
 def loss_fn(params, batch, rng):
@@ -27,17 +32,27 @@ def main():
   assert len(devices) == ndev, (len(jax.local_devices()), ndev)
   rs = np.random.RandomState(0)
   params = {"w": jnp.asarray(rs.randn(5).astype(np.float32)), "b": jnp.zeros((), jnp.float32)}
-  # Tight clipping makes the update depend on the gradient scale (Adam alone is scale-free),
-  # so a gradient summed twice across devices would show.
-  tx = optim.make_optimizer(1e-1, total_steps=6, accumulation=2, max_grad_norm=0.05)
+  # Plain SGD: the update is exactly -LR * gradient, so a gradient scaled by the device count
+  # (reduced twice) moves the params that much further. Adam (scale-free for eps << |g|) and
+  # tight norm clipping (which rescales every large gradient to the same norm) would both hide it.
+  tx = optax.sgd(LR)
   state = step_lib.create_train_state(params, tx, seed=13)
-  per_device = step_lib.make_per_device_step(loss_fn, {"mse": 1.0, "l1": 0.1}, tx)
+  coefs = {"mse": 1.0, "l1": 0.1}
+  if mode == "double":
+    # The pre-fix step: with the cast gone, checked shard_map's implicit cast of the invariant
+    # params transposes to a psum, and the step's own psum then reduces a second time.
+    step_lib.jax.lax.pcast = lambda x, *args, **kwargs: x
   if mode == "pmap":
-    run = step_lib.pmap_step(per_device)
+    run = step_lib.pmap_step(step_lib.make_per_device_step(loss_fn, coefs, tx))
     state = step_lib.replicate(state, devices)
-  else:
-    run, mesh = step_lib.shard_map_step(per_device, devices)
+  elif mode in ("shard_map", "double"):
+    run, mesh = step_lib.shard_map_step(step_lib.make_per_device_step(loss_fn, coefs, tx), devices)
     state = step_lib.put_replicated(state, mesh)
+  elif mode == "jit":
+    run, mesh = step_lib.jit_step(step_lib.make_global_step(loss_fn, coefs, tx), devices)
+    state = step_lib.put_replicated(state, mesh)
+  else:
+    raise SystemExit(f"unknown mode {mode!r}")
   losses = []
   for i in range(12):
     # Unequal valid counts per device slice, so a naive per-device mean would differ.
@@ -46,6 +61,8 @@ def main():
     if mode == "pmap":
       state, metrics = run(state, step_lib.shard_for_pmap(batch, ndev))
       metrics = step_lib.unreplicate(metrics)
+    elif mode == "jit":  # the global step takes the device shares stacked: [ndev, 8 / ndev, ...]
+      state, metrics = run(state, step_lib.put_sharded(step_lib.shard_for_pmap(batch, ndev), mesh))
     else:
       state, metrics = run(state, step_lib.put_sharded(batch, mesh))
     losses.append(float(metrics["loss"]))

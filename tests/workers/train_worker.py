@@ -2,7 +2,8 @@
 
 Usage: python train_worker.py SPEC.json
 SPEC: {"config": "local"|"global", "variant": "tiny", "overrides": {...}, "workdir": str,
-       "out": str (npz of flattened final train-state params, written by process 0)}.
+       "out": str (npz of flattened final train-state params, written by process 0),
+       optional "gloo": true (multi-process CPU collectives), "double_reduce": true (see below)}.
 XLA_FLAGS (CPU device count) must be set by the caller: JAX reads it at start-up.
 """
 
@@ -29,6 +30,11 @@ def main():
   spec = json.loads(pathlib.Path(sys.argv[1]).read_text())
   if spec.get("gloo"):
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  if spec.get("double_reduce"):
+    # The per-device step as it was before the gradient fix (no varying cast of the params):
+    # under checked shard_map its gradient is reduced twice (tests/test_data_parallel.py).
+    from logrerank_jax.training import step as step_lib  # pylint: disable=g-import-not-at-top
+    step_lib.jax.lax.pcast = lambda x, *args, **kwargs: x
   config = load_config(spec["config"], spec.get("variant", "tiny"))
   config.progress_bar = False
   for k, v in spec.get("overrides", {}).items():
