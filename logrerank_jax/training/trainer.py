@@ -205,97 +205,97 @@ def train_and_evaluate(config, workdir: str) -> Dict[str, Any]:
                             eps=config.adam_eps)
   state = step_lib.create_train_state(params, tx, config.seed)
 
-  ckpt = Checkpointer(workdir, max_to_keep=config.max_to_keep,
-                      best_metric=config.best_metric if val_units else None)
-  signature = _resume_signature(config)
-  if ckpt.latest_step() is not None:
-    state, meta = ckpt.restore(state)
-    changed = {k: (meta["signature"].get(k), v) for k, v in signature.items()
-               if meta["signature"].get(k) != v}
-    if changed:
-      raise ConfigError(f"cannot resume {workdir}: config changed since the checkpoint: {changed}")
+  # `with`: the checkpointer (and orbax's pending work) is closed on every exit, errors too.
+  with Checkpointer(workdir, max_to_keep=config.max_to_keep,
+                    best_metric=config.best_metric if val_units else None) as ckpt:
+    signature = _resume_signature(config)
+    if ckpt.latest_step() is not None:
+      state, meta = ckpt.restore(state)
+      changed = {k: (meta["signature"].get(k), v) for k, v in signature.items()
+                 if meta["signature"].get(k) != v}
+      if changed:
+        raise ConfigError(f"cannot resume {workdir}: config changed since the checkpoint: {changed}")
 
-  run, place_state, take_state, mesh = _runner(loss_fn, coefs, tx, config.parallel, devices)
-  dstate = place_state(state)
+    run, place_state, take_state, mesh = _runner(loss_fn, coefs, tx, config.parallel, devices)
+    dstate = place_state(state)
 
-  eval_fn = stage.make_eval(val_units)
+    eval_fn = stage.make_eval(val_units)
 
-  log_path = os.path.join(workdir, "metrics.jsonl")
-  log = open(log_path, "a", encoding="utf-8") if proc == 0 else None
+    log_path = os.path.join(workdir, "metrics.jsonl")
+    log = open(log_path, "a", encoding="utf-8") if proc == 0 else None
 
-  def write(rec):
-    if log is not None:
-      log.write(json.dumps(rec) + "\n")
-      log.flush()
+    def write(rec):
+      if log is not None:
+        log.write(json.dumps(rec) + "\n")
+        log.flush()
 
-  start = int(jax.device_get(take_state(dstate).step))
-  write({"event": "start", "stage": config.stage, "step": start, "micro_batches_per_epoch": num_mb,
-         "total_micro_steps": total_micro, "devices": num_shards, "processes": nproc,
-         "prep_seconds": prep_seconds, "invalid_records_skipped": report.n_invalid, **cache_info})
-  # A re-run of a finished (or resumed) run keeps what the earlier run measured.
-  last_loss, val = _last_logged(log_path)
-  bar = tqdm(total=total_micro, initial=start, disable=not config.progress_bar or proc != 0,
-             desc=f"{config.stage} stage", mininterval=2.0)
-  window_t, window_tokens, window_units = time.time(), 0, 0
-  for s in range(start, total_micro):
-    epoch, idx = divmod(s, num_mb)
-    order = np.random.RandomState(config.seed + 1 + epoch).permutation(num_mb)
-    shares = batches[order[idx]]
-    dstate, metrics = run(dstate, _place(shares, config.parallel, mesh))
-    if config.parallel == "pmap":
-      metrics = take_state(metrics)  # identical on every device
-    metrics = {k: float(np.asarray(jax.device_get(v)).reshape(-1)[0]) for k, v in metrics.items()}
-    if not math.isfinite(metrics["loss"]):
-      raise TrainingDivergedError(
-          f"non-finite loss {metrics['loss']} at micro-step {s + 1} (epoch {epoch}); the last good "
-          f"checkpoint is step {ckpt.latest_step()} in {workdir}/checkpoints")
-    last_loss = metrics["loss"]
-    window_tokens += sum(int(b.get("real_tokens", 0)) for b in shares)
-    window_units += len(groups[order[idx]])
-    bar.update(1)
-    done = s + 1
-    if done % config.log_every_steps == 0 or done == total_micro:
-      dt = max(time.time() - window_t, 1e-9)
-      rec = {"event": "train", "step": done, "epoch": epoch, **metrics,
-             "lr": float(optim.warmup_linear_decay(config.learning_rate, total_updates,
-                                                   config.warmup_fraction)(done // config.grad_accum_steps)),
-             "tokens_per_s": window_tokens / dt, "units_per_s": window_units / dt}
-      write(rec)
-      bar.set_postfix(loss=f"{last_loss:.4f}")
-      window_t, window_tokens, window_units = time.time(), 0, 0
-    end_of_epoch = done % num_mb == 0
-    do_eval = bool(val_units) and (done == total_micro or (
-        config.eval_every_steps and done % config.eval_every_steps == 0) or (
-            not config.eval_every_steps and end_of_epoch))
-    do_ckpt = done == total_micro or (config.checkpoint_every_steps and
-                                      done % config.checkpoint_every_steps == 0)
-    if do_eval or do_ckpt:
-      host_state = jax.device_get(take_state(dstate))
-      meta = {"step": done, "epoch": epoch, "signature": signature}
-      if do_eval:
-        val = eval_fn(host_state.params)
-        write({"event": "val", "step": done, "epoch": epoch, **val})
-        _guarded_save(ckpt, done, lambda: ckpt.save_best(done, host_state, meta, val))
-      if do_ckpt:
-        _guarded_save(ckpt, done, lambda: ckpt.save(done, host_state, meta))
-  bar.close()
+    start = int(jax.device_get(take_state(dstate).step))
+    write({"event": "start", "stage": config.stage, "step": start, "micro_batches_per_epoch": num_mb,
+           "total_micro_steps": total_micro, "devices": num_shards, "processes": nproc,
+           "prep_seconds": prep_seconds, "invalid_records_skipped": report.n_invalid, **cache_info})
+    # A re-run of a finished (or resumed) run keeps what the earlier run measured.
+    last_loss, val = _last_logged(log_path)
+    bar = tqdm(total=total_micro, initial=start, disable=not config.progress_bar or proc != 0,
+               desc=f"{config.stage} stage", mininterval=2.0)
+    window_t, window_tokens, window_units = time.time(), 0, 0
+    for s in range(start, total_micro):
+      epoch, idx = divmod(s, num_mb)
+      order = np.random.RandomState(config.seed + 1 + epoch).permutation(num_mb)
+      shares = batches[order[idx]]
+      dstate, metrics = run(dstate, _place(shares, config.parallel, mesh))
+      if config.parallel == "pmap":
+        metrics = take_state(metrics)  # identical on every device
+      metrics = {k: float(np.asarray(jax.device_get(v)).reshape(-1)[0]) for k, v in metrics.items()}
+      if not math.isfinite(metrics["loss"]):
+        raise TrainingDivergedError(
+            f"non-finite loss {metrics['loss']} at micro-step {s + 1} (epoch {epoch}); the last good "
+            f"checkpoint is step {ckpt.latest_step()} in {workdir}/checkpoints")
+      last_loss = metrics["loss"]
+      window_tokens += sum(int(b.get("real_tokens", 0)) for b in shares)
+      window_units += len(groups[order[idx]])
+      bar.update(1)
+      done = s + 1
+      if done % config.log_every_steps == 0 or done == total_micro:
+        dt = max(time.time() - window_t, 1e-9)
+        rec = {"event": "train", "step": done, "epoch": epoch, **metrics,
+               "lr": float(optim.warmup_linear_decay(config.learning_rate, total_updates,
+                                                     config.warmup_fraction)(done // config.grad_accum_steps)),
+               "tokens_per_s": window_tokens / dt, "units_per_s": window_units / dt}
+        write(rec)
+        bar.set_postfix(loss=f"{last_loss:.4f}")
+        window_t, window_tokens, window_units = time.time(), 0, 0
+      end_of_epoch = done % num_mb == 0
+      do_eval = bool(val_units) and (done == total_micro or (
+          config.eval_every_steps and done % config.eval_every_steps == 0) or (
+              not config.eval_every_steps and end_of_epoch))
+      do_ckpt = done == total_micro or (config.checkpoint_every_steps and
+                                        done % config.checkpoint_every_steps == 0)
+      if do_eval or do_ckpt:
+        host_state = jax.device_get(take_state(dstate))
+        meta = {"step": done, "epoch": epoch, "signature": signature}
+        if do_eval:
+          val = eval_fn(host_state.params)
+          write({"event": "val", "step": done, "epoch": epoch, **val})
+          _guarded_save(ckpt, done, lambda: ckpt.save_best(done, host_state, meta, val))
+        if do_ckpt:
+          _guarded_save(ckpt, done, lambda: ckpt.save(done, host_state, meta))
+    bar.close()
 
-  # Export the model for inference: the best-by-validation params if any, else the last ones.
-  final_state = jax.device_get(take_state(dstate))
-  export_params = final_state.params
-  source = f"step {int(final_state.step)}"
-  if ckpt.best is not None and ckpt.best.best_step() is not None:
-    best_state, best_meta = ckpt.restore(final_state, best=True)
-    export_params, source = best_state.params, f"best step {best_meta['step']}"
-  export_params = stage.export_params(export_params)
-  model_dir = os.path.join(workdir, "model")
-  if proc == 0:
-    # The packer settings travel with the model so inference packs exactly as training did.
-    save_model(model_dir, export_params, stage.cfg, stage.tokenizer,
-               info={"stage": config.stage, "source": source, "val": val,
-                     "packing": {"row_len": config.max_seq_len,
-                                 "max_query_tokens": config.max_query_tokens}})
-  ckpt.close()
+    # Export the model for inference: the best-by-validation params if any, else the last ones.
+    final_state = jax.device_get(take_state(dstate))
+    export_params = final_state.params
+    source = f"step {int(final_state.step)}"
+    if ckpt.best is not None and ckpt.best.best_step() is not None:
+      best_state, best_meta = ckpt.restore(final_state, best=True)
+      export_params, source = best_state.params, f"best step {best_meta['step']}"
+    export_params = stage.export_params(export_params)
+    model_dir = os.path.join(workdir, "model")
+    if proc == 0:
+      # The packer settings travel with the model so inference packs exactly as training did.
+      save_model(model_dir, export_params, stage.cfg, stage.tokenizer,
+                 info={"stage": config.stage, "source": source, "val": val,
+                       "packing": {"row_len": config.max_seq_len,
+                                   "max_query_tokens": config.max_query_tokens}})
   write({"event": "end", "step": int(final_state.step), "loss": last_loss, "val": val})
   if log is not None:
     log.close()
