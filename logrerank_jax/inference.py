@@ -30,8 +30,6 @@ persistent compilation cache (`persistent_cache_hits` counts those separately).
 
 import dataclasses
 import functools
-import os
-import threading
 from typing import Any, Iterable, List, Mapping, Optional, Sequence, Union
 
 import jax
@@ -43,77 +41,19 @@ from logrerank_jax.data.inference_input import (InferenceRecord, InputLine,
 from logrerank_jax.data.packing import (INFERENCE_ROW_BUCKETS, BucketOverflowError,
                                         PackingConfig, QueryInput, bucket_size, grown_buckets,
                                         pack_for_model)
+from logrerank_jax import compilation
+from logrerank_jax.compilation import (DEFAULT_CACHE_ENV, default_compilation_cache_dir,  # noqa: F401 (public here)
+                                       enable_compilation_cache)
 from logrerank_jax.errors import CheckpointError, ConfigError, DataError, LogRerankError
 from logrerank_jax.graph.context import log_context
 from logrerank_jax.models import log_reranker as lr
 from logrerank_jax.models.model_folder import load_model, read_info, resolve_model_dir
-from logrerank_jax.ranking import passage_order, passage_scores, sentence_order
-from logrerank_jax.results import (ContextUnit, PassageInfo, RankedResults, RankedSentence,
-                                   RecordError, RerankResult, Result, SentenceRef, finite,
+from logrerank_jax.results import (QueryScores, RankedResults, RecordError, Result, make_result,
                                    ranked_results, record_error, to_openscholar)
 from logrerank_jax.schema import MODEL_KEYS, NODE_KEYS, NUM_ROLES, ROLE_NAMES, SPAN_KEYS, TOKEN_KEYS
 
 __all__ = ["Reranker", "QueryScores", "default_packing_config", "enable_compilation_cache",
            "default_compilation_cache_dir", "to_openscholar", "resolve_model_dir"]
-
-BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
-CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
-DEFAULT_CACHE_ENV = "LOGRERANK_JAX_COMPILATION_CACHE"
-
-# Process-wide event counters, fed by one listener pair registered on first use.
-_COUNTS = {"compiles": 0, "cache_hits": 0}
-_LISTENER_LOCK = threading.Lock()
-_LISTENING = False
-
-
-def _ensure_listeners() -> None:
-  """Register the jax.monitoring listeners that count compilations (once per process)."""
-  global _LISTENING
-  with _LISTENER_LOCK:
-    if _LISTENING:
-      return
-
-    def on_duration(event, _secs, **_kw):
-      if event == BACKEND_COMPILE_EVENT:
-        _COUNTS["compiles"] += 1
-
-    def on_event(event, **_kw):
-      if event == CACHE_HIT_EVENT:
-        _COUNTS["cache_hits"] += 1
-
-    jax.monitoring.register_event_duration_secs_listener(on_duration)
-    jax.monitoring.register_event_listener(on_event)
-    _LISTENING = True
-
-
-def default_compilation_cache_dir() -> str:
-  """Return `$LOGRERANK_JAX_COMPILATION_CACHE` or ~/.cache/logrerank_jax/xla."""
-  return os.environ.get(DEFAULT_CACHE_ENV) or os.path.join(
-      os.path.expanduser("~"), ".cache", "logrerank_jax", "xla")
-
-
-def enable_compilation_cache(path: str, min_compile_time_secs: float = 0.0) -> str:
-  """Turn on JAX's persistent compilation cache in `path` (created with 0o700 permissions).
-
-  Args:
-    path: cache folder; created if missing. An existing folder is used as is.
-    min_compile_time_secs: cache only executables that took at least this long to compile
-      (JAX's default is 1 s; 0 caches everything, which helps small CPU models too).
-
-  Returns:
-    The absolute cache path.
-  """
-  path = os.path.abspath(os.path.expanduser(path))
-  if not os.path.isdir(path):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    # Compiled executables are code the process will run: keep the folder private.
-    os.mkdir(path, 0o700)
-    os.chmod(path, 0o700)  # mkdir's mode is masked by the umask
-  jax.config.update("jax_compilation_cache_dir", path)
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", float(min_compile_time_secs))
-  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-  return path
-
 
 # Queries up to this many tokens are never cut by default: real scientific questions and claims
 # fit (a 20-word SciFact claim is ~30 WordPiece tokens under a real vocabulary, ~110 under a
@@ -244,28 +184,6 @@ def _out_of_memory(e: Exception) -> bool:
   return "RESOURCE_EXHAUSTED" in text or "Out of memory" in text or "out of memory" in text
 
 
-@dataclasses.dataclass
-class QueryScores:
-  """Host-side scores of one query: per node arrays in passage order, plus its context units."""
-  record: InferenceRecord
-  node_passage: np.ndarray    # int32 [n]
-  node_sentence: np.ndarray   # int32 [n]
-  local_score: np.ndarray     # float32 [n]
-  global_score: Optional[np.ndarray]  # float32 [n]; None without a global stage
-  final_score: np.ndarray     # float32 [n]
-  role_probs: np.ndarray      # float32 [n, 3]
-  context: list               # build_context units (node indices)
-  passage_info: list          # per passage: (num_windows, truncated sentences, empty sentences)
-  query_truncated: bool = False  # the query was cut at `max_query_tokens`
-
-  def passage_scores(self, which: str = "final") -> np.ndarray:
-    """Best sentence score per passage ([P], `ranking.passage_scores`); passages without
-    sentences get -1, below any sigmoid score (finite, so run files can hold it)."""
-    scores = {"final": self.final_score, "local": self.local_score}[which]
-    best = passage_scores(self.node_passage, scores, len(self.record.passages))
-    return np.where(np.isfinite(best), best, -1.0)
-
-
 class Reranker:
   """A loaded LoG-Reranker with a jitted, shape-bucketed batch forward."""
 
@@ -322,7 +240,7 @@ class Reranker:
     self._cache_hits = 0
     self._calls = 0
     self._tokens = {"real": 0, "computed": 0, "inert": 0, "local_calls": 0, "inert_calls": 0}
-    _ensure_listeners()
+    compilation.ensure_listeners()
 
   @classmethod
   def from_pretrained(cls, path: str, **kwargs) -> "Reranker":
@@ -383,15 +301,15 @@ class Reranker:
     if exe is None:
       fn = self._local_jit if stage == "local" else self._global_jit
       spec = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in stacked.items()}
-      before = dict(_COUNTS)
+      before = dict(compilation.COUNTS)
       try:
         exe = fn.lower(self.params, spec).compile()
       except Exception as e:  # pylint: disable=broad-except
         self._raise_oom(e)
         raise
       finally:
-        self._compiles += _COUNTS["compiles"] - before["compiles"]
-        self._cache_hits += _COUNTS["cache_hits"] - before["cache_hits"]
+        self._compiles += compilation.COUNTS["compiles"] - before["compiles"]
+        self._cache_hits += compilation.COUNTS["cache_hits"] - before["cache_hits"]
       self._executables[key] = exe
     return exe
 
@@ -774,48 +692,3 @@ class Reranker:
     if isinstance(res, RecordError):
       raise DataError(res.error)
     return ranked_results(res, ctxs, top_k)
-
-
-def make_result(res: QueryScores, line: Optional[int] = None) -> Result:
-  """Turn one query's scores into its typed result (or a `RecordError` on a non-finite score)."""
-  rec = res.record
-
-  def ref(n) -> Optional[SentenceRef]:
-    if n is None:
-      return None
-    p, s = int(res.node_passage[n]), int(res.node_sentence[n])
-    return SentenceRef(p, s, rec.passages[p].sentences[s].text)
-
-  try:
-    ranked = []
-    for rank, n in enumerate(sentence_order(res.final_score), start=1):
-      p, s = int(res.node_passage[n]), int(res.node_sentence[n])
-      sent = rec.passages[p].sentences[s]
-      ranked.append(RankedSentence(
-          rank=rank, passage=p, sentence=s, start=sent.start, end=sent.end, text=sent.text,
-          role_probs=tuple(finite(v) for v in res.role_probs[n]),
-          local_score=finite(res.local_score[n]),
-          global_score=None if res.global_score is None else finite(res.global_score[n]),
-          score=finite(res.final_score[n]), truncated=s in res.passage_info[p][1]))
-    context = []
-    for unit in res.context:
-      expanded = "similar" in unit
-      context.append(ContextUnit(
-          sentence=ref(unit["node"]), score=finite(unit["score"]),
-          role=None if unit["role"] is None else ROLE_NAMES[unit["role"]],
-          predecessor=ref(unit.get("predecessor")), successor=ref(unit.get("successor")),
-          similar=tuple(ref(v) for v in unit["similar"]) if expanded else None))
-  except DataError as e:
-    return record_error(rec.raw, str(e), line)
-  # A passage scores as its best sentence; passages without sentences come last.
-  passage_ranking = passage_order(res.passage_scores("final"))
-  passages = tuple(PassageInfo(index=p, id=ps.passage_id, title=ps.title,
-                               num_sentences=len(ps.sentences), num_windows=res.passage_info[p][0],
-                               truncated_sentences=tuple(res.passage_info[p][1]),
-                               empty_sentences=tuple(res.passage_info[p][2]),
-                               skipped=ps.skipped)
-                   for p, ps in enumerate(rec.passages))
-  return RerankResult(line=line, id=rec.record_id, query=rec.query,
-                      query_truncated=res.query_truncated, ranked_sentences=tuple(ranked),
-                      passage_ranking=tuple(passage_ranking), passages=passages,
-                      context=tuple(context))
