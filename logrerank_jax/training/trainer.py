@@ -25,7 +25,6 @@ import numpy as np
 
 from logrerank_jax.data.records import validate_training_file
 from logrerank_jax.errors import CheckpointError, ConfigError, LogRerankError
-from logrerank_jax.models.model_folder import save_model
 from logrerank_jax.training import data as data_lib
 from logrerank_jax.training import optim
 from logrerank_jax.training import step as step_lib
@@ -186,9 +185,11 @@ def train_and_evaluate(config, workdir: str) -> Dict[str, Any]:
   if config.max_steps:
     total_micro = min(total_micro, config.max_steps)
   total_updates = optim.total_optimizer_steps(num_mb, config.num_epochs, config.grad_accum_steps)
+  frozen = (optim.frozen_mask(params, config.freeze_encoder_layers)
+            if config.get("freeze_encoder_layers", 0) else None)
   tx = optim.make_optimizer(config.learning_rate, total_updates, config.warmup_fraction,
                             config.weight_decay, config.grad_accum_steps, config.max_grad_norm,
-                            eps=config.adam_eps)
+                            eps=config.adam_eps, frozen=frozen)
   state = step_lib.create_train_state(params, tx, config.seed)
 
   ckpt = Checkpointer(workdir, max_to_keep=config.max_to_keep,
@@ -278,10 +279,10 @@ def train_and_evaluate(config, workdir: str) -> Dict[str, Any]:
   model_dir = os.path.join(workdir, "model")
   if proc == 0:
     # The packer settings travel with the model so inference packs exactly as training did.
-    save_model(model_dir, export_params, stage.cfg, stage.tokenizer,
-               info={"stage": config.stage, "source": source, "val": val,
-                     "packing": {"row_len": config.max_seq_len,
-                                 "max_query_tokens": config.max_query_tokens}})
+    info = {"stage": config.stage, "source": source, "val": val,
+            "packing": {"row_len": config.max_seq_len,
+                        "max_query_tokens": config.max_query_tokens}}
+    stage.save(model_dir, export_params, info)  # a LoG model folder, or the stage's own format
   ckpt.close()
   write({"event": "end", "step": int(final_state.step), "loss": last_loss, "val": val})
   if log is not None:
