@@ -61,6 +61,10 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   config.adam_eps = 1e-8                 # AdamW epsilon (HF/PyTorch default)
   config.lambda_role = 0.5               # eq 22
   config.listwise_tau = 1.0              # eq 19 (unstated in the paper)
+  config.local_passage_weight = 0.0      # NOT in the paper: weight of a cross-passage listwise
+                                         # term (softmax over a query's passages of their best
+                                         # local sentence logit vs the gold passage); > 0 packs
+                                         # whole queries per micro-batch (training/stages.py)
   config.max_steps = 0                   # stop after this many micro-steps (0 = all epochs)
   config.freeze_encoder_layers = 0       # freeze the embeddings and this many lowest encoder
                                          # layers (optax mask, training/optim.frozen_mask); 0 = none

@@ -34,7 +34,7 @@ from logrerank_jax import baselines, inference  # pylint: disable=g-import-not-a
 from logrerank_jax.data.pools import expand_pools  # pylint: disable=g-import-not-at-top
 from logrerank_jax.data.inference_input import parse_inference_record, read_inference_file  # pylint: disable=g-import-not-at-top
 from logrerank_jax.errors import DataError, LogRerankError  # pylint: disable=g-import-not-at-top
-from logrerank_jax.evaluation import (query_metrics, read_qrels, rerank_metrics,  # pylint: disable=g-import-not-at-top
+from logrerank_jax.evaluation import (query_metrics, read_qrels, read_trec_run, rerank_metrics,  # pylint: disable=g-import-not-at-top
                                       run_from_scores, write_trec_run)
 
 
@@ -51,6 +51,9 @@ def parse_args(argv=None):
   p.add_argument("--checkpoint", default=None, help="LoG model folder or training workdir")
   p.add_argument("--cross-encoder", default=None,
                  help="HF ModernBert/BertForSequenceClassification folder (or a passage-stage workdir/model)")
+  p.add_argument("--run", action="append", default=[], metavar="NAME=PATH",
+                 help="add a system from a TREC run file (e.g. an earlier run.<system>.trec; scores "
+                      "are written exactly, so its figures are those of the run that wrote it)")
   p.add_argument("--out-dir", required=True, help="folder for metrics.json, per_query.jsonl, run.*.trec")
   p.add_argument("--k", type=int, default=10, help="metric cut-off (default 10)")
   p.add_argument("--queries-per-batch", type=int, default=4, help="LoG queries per jitted call")
@@ -169,6 +172,14 @@ def main(argv=None) -> int:
       log, stats = log_scores(args, pools)
       systems.update(log)
       timings["log"] = time.time() - t0
+    for spec in args.run:
+      name, sep, path = spec.partition("=")
+      if not sep or not name or not path:
+        raise DataError(f"--run wants NAME=PATH, got {spec!r}")
+      systems[name] = {qid: read_trec_run(path).get(qid, {}) for qid, _, _, _, _ in pools}
+    order = ("bm25", "bi-encoder", "cross-encoder", "log-local", "log")
+    systems = dict(sorted(systems.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order
+                                                           else len(order))))
     metrics = {name: rerank_metrics(run_from_scores(s), qrels, k=args.k) for name, s in systems.items()}
   except (LogRerankError, OSError) as e:
     print(f"evaluate: error: {e}", file=sys.stderr)
@@ -193,7 +204,8 @@ def main(argv=None) -> int:
     write_trec_run(os.path.join(args.out_dir, f"run.{name}.trec"), scores, tag=name)
 
   sizes = sorted({len(ctxs) for _, _, ctxs, _, _ in pools})
-  print(f"{len(pools)} queries, {'/'.join(map(str, sizes))} candidates each")
+  print(f"evaluate: {len(pools)} queries, {'/'.join(map(str, sizes))} candidates each",
+        file=sys.stderr)
   cols = [f"recall@{k}", f"map@{k}", f"ndcg@{k}"]
   print(f"{'system':<16}" + "".join(f"{c:>12}" for c in cols))
   for name, m in metrics.items():

@@ -159,6 +159,23 @@ def pack_token_batches(units, groups, shares_of: Callable, tokenizer, pack_cfg: 
            for b in mb] for mb in packed]
 
 
+def _cross_passage_term(local_logit, batch, per: int):
+  """Listwise softmax over each query's passages of their best local sentence logit, against
+  the rank-1 passage (`local_passage_weight`; not in the paper, whose local loss ranks
+  sentences within a passage only). Slots hold one passage each, a query's `per` passages
+  consecutive (`LocalStage.micro_batch_groups`); returns (sum over queries, queries)."""
+  mask = batch["node_mask"]                                                  # [Q, N]
+  best = jnp.max(jnp.where(mask, local_logit, -1e9), axis=-1)               # [Q]
+  valid = jnp.any(mask, axis=-1)
+  gold = jnp.any(mask & (batch["passage_rank"] == 1), axis=-1)
+  q = best.shape[0] // per
+  best, valid, gold = (x[:q * per].reshape(q, per) for x in (best, valid, gold))
+  logp = jax.nn.log_softmax(jnp.where(valid, best, -1e9), axis=-1)
+  has = jnp.any(gold & valid, axis=-1)
+  per_query = -jnp.sum(jnp.where(gold & valid, logp, 0.0), axis=-1)
+  return jnp.sum(jnp.where(has, per_query, 0.0)), jnp.sum(has).astype(jnp.float32)
+
+
 class LocalStage:
   """Encoder + heads on (query, passage) units, listwise + role-KL loss (eq 19-22)."""
   name = "local"
@@ -173,6 +190,30 @@ class LocalStage:
     self.pack_cfg = packing_config(config)
     self.units = data_lib.local_units(records)
     self.cache_info: Dict[str, Any] = {}
+
+  def micro_batch_groups(self, size: int, seed: int):
+    """Shuffled micro-batches of `size` units; with `local_passage_weight` > 0, whole queries.
+
+    The cross-passage term needs every passage of a query in one device share, so each
+    micro-batch is then the passages of `size // P` queries (P passages each), query order
+    shuffled with `seed`; one device only.
+    """
+    if not self.config.get("local_passage_weight", 0.0):
+      return data_lib.group_micro_batches(len(self.units), size, seed)
+    if self.num_shards != 1:
+      raise ConfigError("local_passage_weight > 0 needs one data-parallel device")
+    by_query: Dict[str, List[int]] = {}
+    for i, u in enumerate(self.units):
+      by_query.setdefault(u.qid, []).append(i)
+    queries = list(by_query.values())
+    per = max(len(q) for q in queries)
+    if size < per:
+      raise ConfigError(f"local_passage_weight > 0 needs micro_batch_size >= {per} (the passages "
+                        f"of one query), got {size}")
+    order = np.random.RandomState(seed).permutation(len(queries))
+    step = size // per
+    return [[i for qi in order[j:j + step] for i in queries[qi]]
+            for j in range(0, len(queries), step)]
 
   def micro_batches(self, groups, shares_of):
     """[micro-batch][device share] packed token batches."""
@@ -201,9 +242,23 @@ class LocalStage:
       rank = losses.listwise_rank_loss(nodes["local_logit"], batch["sentence_rank"], mask,
                                        tau=cfg.tau)
       role = losses.role_kl_loss(nodes["role_logits"], batch["role_target"], mask)
-      return {"rank": (rank * passages, passages), "role": (role * sentences, sentences)}
+      terms = {"rank": (rank * passages, passages), "role": (role * sentences, sentences)}
+      if passage_weight:
+        terms["passage"] = _cross_passage_term(nodes["local_logit"], batch, slots_per_query)
+      return terms
 
-    return loss_fn, {"rank": 1.0, "role": cfg.role_loss_weight}
+    passage_weight = float(self.config.get("local_passage_weight", 0.0))
+    slots_per_query = self._per_query()
+    coefs = {"rank": 1.0, "role": cfg.role_loss_weight}
+    if passage_weight:
+      coefs["passage"] = passage_weight
+    return loss_fn, coefs
+
+  def _per_query(self) -> int:
+    counts: Dict[str, int] = {}
+    for u in self.units:
+      counts[u.qid] = counts.get(u.qid, 0) + 1
+    return max(counts.values())
 
   def make_eval(self, val_units) -> Callable[[Any], Dict[str, float]]:
     """params -> passage metrics on the validation queries, from local scores."""
@@ -292,6 +347,10 @@ class GlobalStage:
       q_share = self.config.micro_batch_size // self.num_shards
       batches.append([fc.feature_batch([feats[i] for i in s], q_share, n_max) for s in shares])
     return batches
+
+  def micro_batch_groups(self, size: int, seed: int):
+    """Micro-batches as lists of unit indices (shuffled with `seed`, `size` units each)."""
+    return data_lib.group_micro_batches(len(self.units), size, seed)
 
   num_shards = 1  # set by the loop before `micro_batches`
 
@@ -407,6 +466,10 @@ class PassageStage:
     length = max(b["input_ids"].shape[-1] for mb in packed for b in mb)
     return [[self._pack([self.units[i] for i in s], q_share, length) for s in shares_of(g)]
             for g in groups]
+
+  def micro_batch_groups(self, size: int, seed: int):
+    """Micro-batches as lists of unit indices (shuffled with `seed`, `size` units each)."""
+    return data_lib.group_micro_batches(len(self.units), size, seed)
 
   num_shards = 1  # set by the loop before `micro_batches`
 

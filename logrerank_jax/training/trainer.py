@@ -166,7 +166,7 @@ def train_and_evaluate(config, workdir: str) -> Dict[str, Any]:
   val_units = data_lib.query_units(val_records)
 
   # Micro-batches: fixed groups, each split into per-device shares.
-  groups = data_lib.group_micro_batches(len(stage.units), config.micro_batch_size, config.seed)
+  groups = stage.micro_batch_groups(config.micro_batch_size, config.seed)
   my_shards = slice(proc * len(devices), (proc + 1) * len(devices))
   shares_of = lambda g: data_lib.split_global_batch(g, config.micro_batch_size, num_shards)[my_shards]  # noqa: E731
   t0 = time.time()
