@@ -70,7 +70,7 @@ def test_frozen_mask_and_optimizer_leave_frozen_params_unchanged():
                               frozen=mask)
     state, p = tx.init(params), params
     grads = jax.tree_util.tree_map(jnp.ones_like, params)
-    for _ in range(2):
+    for _ in range(4):  # the first update has lr 0 (warm-up); accumulation 2 -> 2 updates
       updates, state = tx.update(grads, state, p)
       p = jax.tree_util.tree_map(lambda a, u: a + u, p, updates)
     assert float(jnp.abs(p["local"]["encoder"]["layers_0"]["w"] - 1).max()) == 0.0
