@@ -105,7 +105,10 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     config.max_query_tokens = 48
     config.num_epochs = 1
     config.learning_rate = 1e-4
-    config.micro_batch_size = 6            # (query, passage) units per update (= passages of a query)
+    config.micro_batch_size = 4            # (query, passage) units per update: one query's 4 passages
+    config.local_passage_weight = 1.0      # cross-passage term (not in the paper): without it the
+                                           # local scores cannot order passages (val nDCG@10 on 4
+                                           # candidates 65.5 -> 85.4 with it; README)
     config.grad_accum_steps = 1
     config.freeze_encoder_layers = 3       # embeddings + layers 0-2 frozen, layers 3-5 train
     config.checkpoint_every_steps = 100000  # only the last step (saving MiniLM state is slow)
