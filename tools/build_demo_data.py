@@ -7,7 +7,7 @@ Writes, into --out:
   test_queries.jsonl                   the test queries in OpenScholar inference format
                                        {"id", "input", "ctxs": [{"id", "title", "text"}]}
   test.qrels                           TREC qrels of the test queries (`qid 0 docid 1`)
-  val_pools.jsonl, test_pools.jsonl    --pool-size (default 50) candidates per val / test query,
+  val_pools.jsonl, test_pools.jsonl    with --pool-size N (the shipped data: 50): N candidates per val / test query,
                                        as passage ids {"id", "input", "ctx_ids": [...]}: the gold
                                        abstract and the BM25 top (pool-size - 1) abstracts of the
                                        file, never a gold abstract of another split, in BM25 order
@@ -81,8 +81,8 @@ def main(argv=None):
   ap.add_argument("--n-val", type=int, default=8)
   ap.add_argument("--n-test", type=int, default=16)
   ap.add_argument("--passages", type=int, default=6, help="passages per query")
-  ap.add_argument("--pool-size", type=int, default=50,
-                  help="candidates per val / test evaluation pool (0: write no pools)")
+  ap.add_argument("--pool-size", type=int, default=0,
+                  help="candidates per val / test evaluation pool (0, the default: write no pools; the shipped demo data: 50)")
   ap.add_argument("--seed", type=int, default=13)
   ap.add_argument("--label-table", action="store_true", help="print the label table and exit")
   args = ap.parse_args(argv)
