@@ -33,4 +33,11 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     config.learning_rate = 3e-3
     config.micro_batch_size = 4
     config.num_epochs = 3
+  elif variant == "minilm":
+    # Only the small GAT trains, on cached MiniLM features: cheap, so more epochs, higher lr.
+    config.learning_rate = 1e-3
+    config.micro_batch_size = 4
+    config.num_epochs = 5
+    config.freeze_encoder_layers = 0     # the local model is frozen whole anyway
+    config.log_every_steps = 10
   return config

@@ -1,4 +1,4 @@
-"""Passage-level baselines for `tools/evaluate.py`: BM25 and a passage cross-encoder.
+"""Passage-level baselines for `tools/evaluate.py`: BM25, a bi-encoder and a passage cross-encoder.
 
 BM25: a pool's own `bm25` scores when every candidate carries one (as `tools/prepare_data.py`
 writes them), else `logrerank_jax.data.bm25.BM25Index` over the pool's "title text" strings.
@@ -13,6 +13,13 @@ the tokenizer's pair encoding).  Each candidate is scored as the pair
 `max_len`), the relevance score is the logit of label 0 for a one-label head (label 1 for a
 two-label head).  Pairs are padded to the smallest length bucket that holds them and scored
 `batch_size` at a time by one jitted function per length bucket.
+
+Bi-encoder: a sentence-transformers BERT-family folder (e.g. all-MiniLM-L6-v2) used as its
+model card says: `BertEncoder` (weights via `bert_params_from_torch`), mean pooling of the last
+hidden state over the attention mask, L2 normalisation, cosine similarity of query and
+"title text" embeddings; texts truncated to the folder's `sentence_bert_config.json`
+`max_seq_length` (256 for all-MiniLM-L6-v2). Embeddings are cached by text, so a passage shared
+by several pools is embedded once.
 """
 
 import functools
@@ -173,3 +180,96 @@ def cross_encoder_scores(model: CrossEncoder, query: str, ctxs: Sequence[dict]) 
   """Cross-encoder logit of every candidate ("title text")."""
   return [float(s) for s in model.score(query, [passage_string(c) for c in ctxs])]
 
+
+
+def _embed(params, input_ids, attention_mask, token_type_ids, cfg):
+  """Jitted body: mean-pooled, L2-normalised embeddings ([B, L] -> [B, d], float32)."""
+  from logrerank_jax.models.bert import BertEncoder
+  h = BertEncoder(cfg).apply({"params": params}, input_ids, attention_mask,
+                             token_type_ids).astype(jnp.float32)  # [B, L, d]
+  m = attention_mask.astype(jnp.float32)[..., None]  # [B, L, 1]
+  pooled = jnp.sum(h * m, axis=1) / jnp.maximum(jnp.sum(m, axis=1), 1e-9)  # [B, d]
+  return pooled / jnp.maximum(jnp.linalg.norm(pooled, axis=-1, keepdims=True), 1e-12)
+
+
+class BiEncoder:
+  """Sentence-transformers-style bi-encoder: mean pooling, L2 norm, cosine (jitted, bucketed)."""
+
+  def __init__(self, params, cfg, tokenizer, max_len: int = 256, batch_size: int = 32,
+               length_buckets: Sequence[int] = (32, 64, 128, 256, 512)):
+    """Wrap converted `BertEncoder` params.
+
+    Args:
+      params: `BertEncoder` params.
+      cfg: its `BertConfig`.
+      tokenizer: the fast tokenizer of the checkpoint.
+      max_len: longest text in tokens (longer texts are truncated).
+      batch_size: texts per jitted call.
+      length_buckets: padded lengths; `max_len` is added as the last bucket.
+    """
+    if max_len < 8 or batch_size < 1:
+      raise ConfigError(f"max_len must be >= 8 and batch_size >= 1, got {max_len}, {batch_size}")
+    self.cfg, self.tokenizer = cfg, tokenizer
+    self.max_len = min(int(max_len), cfg.max_positions)
+    self.batch_size = int(batch_size)
+    self.buckets = tuple(sorted({b for b in length_buckets if b < self.max_len} | {self.max_len}))
+    self.params = jax.device_put(params)
+    self._jit = jax.jit(functools.partial(_embed, cfg=cfg))
+    self._cache: Dict[str, np.ndarray] = {}
+
+  @classmethod
+  def from_pretrained(cls, path: str, **kwargs) -> "BiEncoder":
+    """Load a sentence-transformers BERT-family folder (config.json and weights at its root)."""
+    import json
+    import os
+    from logrerank_jax.convert import bert_params_from_torch, load_torch_state_dict
+    from logrerank_jax.data.tokenization import load_tokenizer
+    from logrerank_jax.models.local_scorer import encoder_config_from_hf, encoder_family
+
+    cfg = encoder_config_from_hf(path)
+    if encoder_family(cfg) != "bert":
+      raise ConfigError(f"{path}: the bi-encoder needs a BERT-family folder")
+    st = os.path.join(path, "sentence_bert_config.json")
+    if "max_len" not in kwargs and os.path.isfile(st):
+      with open(st, encoding="utf-8") as f:
+        kwargs["max_len"] = int(json.load(f).get("max_seq_length", 256))
+    params = bert_params_from_torch(load_torch_state_dict(path), cfg)
+    return cls(params, cfg, load_tokenizer(path), **kwargs)
+
+  def embed(self, texts: Sequence[str]) -> np.ndarray:
+    """Unit-norm embeddings of `texts`, float32 [len(texts), d] (cached by text)."""
+    todo = sorted({t for t in texts if t not in self._cache})
+    if todo:
+      enc = self.tokenizer(todo, truncation=True, max_length=self.max_len)
+      ids_all = enc["input_ids"]
+      types_all = enc.get("token_type_ids")
+      pad = self.tokenizer.pad_token_id or 0
+      by_bucket: Dict[int, list] = {}
+      for i, ids in enumerate(ids_all):
+        by_bucket.setdefault(next(b for b in self.buckets if b >= len(ids)), []).append(i)
+      for length, idx in sorted(by_bucket.items()):
+        for start in range(0, len(idx), self.batch_size):
+          chunk = idx[start:start + self.batch_size]
+          ids = np.full((self.batch_size, length), pad, np.int32)
+          mask = np.zeros((self.batch_size, length), np.int32)
+          tt = np.zeros((self.batch_size, length), np.int32)
+          for r, i in enumerate(chunk):
+            ids[r, :len(ids_all[i])] = ids_all[i]
+            mask[r, :len(ids_all[i])] = 1
+            if types_all is not None:
+              tt[r, :len(ids_all[i])] = types_all[i]
+          out = np.asarray(self._jit(self.params, jnp.asarray(ids), jnp.asarray(mask),
+                                     jnp.asarray(tt)))
+          for r, i in enumerate(chunk):
+            self._cache[todo[i]] = out[r]
+    return np.stack([self._cache[t] for t in texts]) if texts else np.zeros((0, self.cfg.hidden_size), np.float32)
+
+  def score(self, query: str, passages: Sequence[str]) -> np.ndarray:
+    """Cosine similarity of the query with each passage, float32 [P]."""
+    q = self.embed([query])[0]
+    return self.embed(list(passages)) @ q
+
+
+def bi_encoder_scores(model: BiEncoder, query: str, ctxs: Sequence[dict]) -> list:
+  """Bi-encoder cosine of every candidate ("title text") with the query."""
+  return [float(s) for s in model.score(query, [passage_string(c) for c in ctxs])]

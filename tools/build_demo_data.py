@@ -7,6 +7,14 @@ Writes, into --out:
   test_queries.jsonl                   the test queries in OpenScholar inference format
                                        {"id", "input", "ctxs": [{"id", "title", "text"}]}
   test.qrels                           TREC qrels of the test queries (`qid 0 docid 1`)
+  val_pools.jsonl, test_pools.jsonl    with --pool-size N (the shipped data: 50): N candidates per val / test query,
+                                       as passage ids {"id", "input", "ctx_ids": [...]}: the gold
+                                       abstract and the BM25 top (pool-size - 1) abstracts of the
+                                       file, never a gold abstract of another split, in BM25 order
+  corpus.jsonl                         {"id", "title", "text"} of every passage those pools name
+  val_pools.qrels, test_pools.qrels    their qrels
+`tools/evaluate.py --pools test_pools.jsonl --corpus corpus.jsonl` reads the id-only pools (they
+ship as ids so that the data stays small).
   manifest.json                        source checksum, arguments, counts, weak-label statistics
 Queries are drawn with numpy's PCG64 permutation of the record indices under --seed;
 no split's gold context is ever a negative of another split (no cross-split text leakage
@@ -73,6 +81,8 @@ def main(argv=None):
   ap.add_argument("--n-val", type=int, default=8)
   ap.add_argument("--n-test", type=int, default=16)
   ap.add_argument("--passages", type=int, default=6, help="passages per query")
+  ap.add_argument("--pool-size", type=int, default=0,
+                  help="candidates per val / test evaluation pool (0, the default: write no pools; the shipped demo data: 50)")
   ap.add_argument("--seed", type=int, default=13)
   ap.add_argument("--label-table", action="store_true", help="print the label table and exit")
   args = ap.parse_args(argv)
@@ -113,6 +123,26 @@ def main(argv=None):
           qrels[rec["id"]] = rel
           f.write(json.dumps(rec, ensure_ascii=False) + "\n")
       write_qrels(os.path.join(args.out, "test.qrels"), {q: set(r) for q, r in qrels.items()})
+  if args.pool_size:
+    corpus = {}
+    for name in ("val", "test"):
+      banned = frozenset().union(*(g for other, g in gold_of.items() if other != name))
+      qrels = {}
+      with open(os.path.join(args.out, f"{name}_pools.jsonl"), "w", encoding="utf-8") as f:
+        for qi in splits[name]:
+          rec, rel = pubmed_adapter.build_inference_record(pool, qi, args.pool_size, banned)
+          qrels[rec["id"]] = rel
+          for c in rec["ctxs"]:
+            corpus.setdefault(c["id"], c)
+          f.write(json.dumps({"id": rec["id"], "input": rec["input"],
+                              "ctx_ids": [c["id"] for c in rec["ctxs"]]}) + "\n")
+      write_qrels(os.path.join(args.out, f"{name}_pools.qrels"),
+                  {q: set(r) for q, r in qrels.items()})
+      manifest["splits"][name]["pool_size"] = args.pool_size
+    with open(os.path.join(args.out, "corpus.jsonl"), "w", encoding="utf-8") as f:
+      for pid in sorted(corpus, key=lambda x: tuple(int(t) for t in x.split(":")[1:])):
+        f.write(json.dumps(corpus[pid], ensure_ascii=False) + "\n")
+    manifest["corpus_passages"] = len(corpus)
   with open(os.path.join(args.out, "manifest.json"), "w", encoding="utf-8") as f:
     json.dump(manifest, f, indent=1)
     f.write("\n")

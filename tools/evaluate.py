@@ -1,18 +1,24 @@
 """Evaluate passage rerankers on a pool file with qrels: Recall / MAP / nDCG @k side by side.
 
   python tools/evaluate.py --pools pools/scifact_pool.jsonl [--qrels pools/scifact.qrels] \
-      [--checkpoint MODEL_OR_WORKDIR] [--cross-encoder HF_DIR] --out-dir eval/ [--k 10]
+      [--corpus corpus.jsonl] [--bi-encoder ST_DIR] [--checkpoint MODEL_OR_WORKDIR] \
+      [--cross-encoder HF_DIR] --out-dir eval/ [--k 10]
 
-Systems (each a passage ranking per query):
+Systems (each a passage ranking per query), printed in this order in one table:
   bm25           the pool's own `bm25` scores (or BM25 over the pool when absent)
-  cross-encoder  ModernBERT sequence-classification head from an HF folder (`--cross-encoder`)
+  bi-encoder     a sentence-transformers folder used zero-shot (`--bi-encoder`): mean-pooled,
+                 L2-normalised embeddings, cosine (`baselines.BiEncoder`)
+  cross-encoder  a sequence-classification head from an HF folder (`--cross-encoder`):
+                 ModernBERT or BERT, e.g. the `passage` stage's export (configs/passage_stage.py)
   log-local      LoG "w/o global": passages by their best LOCAL sentence score (`--checkpoint`)
   log            full LoG: passages by their best final (global) sentence score, i.e. the order
                  of first appearance in the sentence ranking (`--checkpoint`)
 log-local and log come from the same jitted forward of the same checkpoint.  Rankings sort by
 decreasing score, ties by passage id (`logrerank_jax.evaluation.ranking_from_scores`); metrics
 follow `logrerank_jax.evaluation.rerank_metrics` (the paper's conventions).  Without `--qrels`,
-a passage is relevant iff its `label` is 1.  Writes into --out-dir: metrics.json,
+a passage is relevant iff its `label` is 1.  With `--corpus`, pools may name their candidates by
+id (`"ctx_ids"`, as logrerank_jax/demo_data ships them); they are resolved against the corpus and
+the full pools written to --out-dir/pools.jsonl, which every system then reads.  Writes into --out-dir: metrics.json,
 per_query.jsonl (one line per query and system) and run.<system>.trec (TREC run files).
 """
 
@@ -25,9 +31,10 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from logrerank_jax import baselines, inference  # pylint: disable=g-import-not-at-top
+from logrerank_jax.data.pools import expand_pools  # pylint: disable=g-import-not-at-top
 from logrerank_jax.data.inference_input import parse_inference_record, read_inference_file  # pylint: disable=g-import-not-at-top
 from logrerank_jax.errors import DataError, LogRerankError  # pylint: disable=g-import-not-at-top
-from logrerank_jax.evaluation import (query_metrics, read_qrels, rerank_metrics,  # pylint: disable=g-import-not-at-top
+from logrerank_jax.evaluation import (query_metrics, read_qrels, read_trec_run, rerank_metrics,  # pylint: disable=g-import-not-at-top
                                       run_from_scores, write_trec_run)
 
 
@@ -36,8 +43,17 @@ def parse_args(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--pools", required=True, help="pool JSONL (tools/prepare_data.py output)")
   p.add_argument("--qrels", default=None, help="TREC qrels (default: ctx label == 1)")
+  p.add_argument("--corpus", default=None,
+                 help="JSONL {id, title, text} resolving pools' ctx_ids (logrerank_jax.data.pools.expand_pools)")
+  p.add_argument("--bi-encoder", default=None, help="sentence-transformers BERT folder (zero-shot)")
+  p.add_argument("--bi-max-len", type=int, default=None,
+                 help="bi-encoder max tokens (default: the folder's sentence_bert_config.json, else 256)")
   p.add_argument("--checkpoint", default=None, help="LoG model folder or training workdir")
-  p.add_argument("--cross-encoder", default=None, help="HF ModernBertForSequenceClassification folder")
+  p.add_argument("--cross-encoder", default=None,
+                 help="HF ModernBert/BertForSequenceClassification folder (or a passage-stage workdir/model)")
+  p.add_argument("--run", action="append", default=[], metavar="NAME=PATH",
+                 help="add a system from a TREC run file (e.g. an earlier run.<system>.trec; scores "
+                      "are written exactly, so its figures are those of the run that wrote it)")
   p.add_argument("--out-dir", required=True, help="folder for metrics.json, per_query.jsonl, run.*.trec")
   p.add_argument("--k", type=int, default=10, help="metric cut-off (default 10)")
   p.add_argument("--queries-per-batch", type=int, default=4, help="LoG queries per jitted call")
@@ -103,6 +119,14 @@ def log_scores(args, pools) -> dict:
   return out, rr.compile_stats()
 
 
+def _progress(pools, name, args):
+  """Iterate pools with a progress bar (stderr) unless --no-progress."""
+  if args.no_progress:
+    return pools
+  from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+  return tqdm(pools, desc=name, mininterval=2.0)
+
+
 def main(argv=None) -> int:
   """Run the CLI; return the exit status."""
   args = parse_args(argv)
@@ -112,19 +136,50 @@ def main(argv=None) -> int:
       raise DataError(f"--k must be >= 1, got {args.k}")
     if not args.no_compilation_cache and (args.checkpoint or args.cross_encoder):
       inference.enable_compilation_cache(args.compilation_cache or inference.default_compilation_cache_dir())
-    pools = read_pools(args.pools)
+    pools_path = args.pools
+    if args.corpus:
+      pools_path = os.path.join(args.out_dir, "pools.jsonl")
+      os.makedirs(args.out_dir, exist_ok=True)
+      with open(args.pools, encoding="utf-8") as f:
+        raw = [json.loads(line) for line in f if line.strip()]
+      with open(args.corpus, encoding="utf-8") as f:
+        corpus = [json.loads(line) for line in f if line.strip()]
+      with open(pools_path, "w", encoding="utf-8") as f:
+        for rec in expand_pools(raw, corpus):
+          f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+    pools = read_pools(pools_path)
     qrels = read_qrels(args.qrels) if args.qrels else label_qrels(pools)
     systems = {"bm25": {qid: dict(zip(ids, baselines.bm25_scores(q, ctxs)))
                         for qid, q, ctxs, ids, _ in pools}}
+    timings = {}
+    if args.bi_encoder:
+      t0 = time.time()
+      kw = {} if args.bi_max_len is None else {"max_len": args.bi_max_len}
+      bi = baselines.BiEncoder.from_pretrained(args.bi_encoder, **kw)
+      systems["bi-encoder"] = {qid: dict(zip(ids, baselines.bi_encoder_scores(bi, q, ctxs)))
+                               for qid, q, ctxs, ids, _ in _progress(pools, "bi-encoder", args)}
+      timings["bi-encoder"] = time.time() - t0
     if args.cross_encoder:
+      t0 = time.time()
       ce = baselines.CrossEncoder.from_pretrained(args.cross_encoder, max_len=args.ce_max_len,
-                                              batch_size=args.ce_batch_size)
+                                                  batch_size=args.ce_batch_size)
       systems["cross-encoder"] = {qid: dict(zip(ids, baselines.cross_encoder_scores(ce, q, ctxs)))
-                                  for qid, q, ctxs, ids, _ in pools}
+                                  for qid, q, ctxs, ids, _ in _progress(pools, "cross-encoder", args)}
+      timings["cross-encoder"] = time.time() - t0
     stats = None
     if args.checkpoint:
+      t0 = time.time()
       log, stats = log_scores(args, pools)
       systems.update(log)
+      timings["log"] = time.time() - t0
+    for spec in args.run:
+      name, sep, path = spec.partition("=")
+      if not sep or not name or not path:
+        raise DataError(f"--run wants NAME=PATH, got {spec!r}")
+      systems[name] = {qid: read_trec_run(path).get(qid, {}) for qid, _, _, _, _ in pools}
+    order = ("bm25", "bi-encoder", "cross-encoder", "log-local", "log")
+    systems = dict(sorted(systems.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order
+                                                           else len(order))))
     metrics = {name: rerank_metrics(run_from_scores(s), qrels, k=args.k) for name, s in systems.items()}
   except (LogRerankError, OSError) as e:
     print(f"evaluate: error: {e}", file=sys.stderr)
@@ -133,7 +188,9 @@ def main(argv=None) -> int:
   os.makedirs(args.out_dir, exist_ok=True)
   k = args.k
   with open(os.path.join(args.out_dir, "metrics.json"), "w", encoding="utf-8") as f:
-    json.dump({"k": k, "num_queries": len(pools), "metrics": metrics}, f, indent=2)
+    json.dump({"k": k, "num_queries": len(pools),
+               "pool_sizes": sorted({len(ctxs) for _, _, ctxs, _, _ in pools}),
+               "metrics": metrics, "seconds": timings}, f, indent=2)
   with open(os.path.join(args.out_dir, "per_query.jsonl"), "w", encoding="utf-8") as f:
     for name, scores in systems.items():
       run = run_from_scores(scores)
@@ -146,6 +203,9 @@ def main(argv=None) -> int:
   for name, scores in systems.items():
     write_trec_run(os.path.join(args.out_dir, f"run.{name}.trec"), scores, tag=name)
 
+  sizes = sorted({len(ctxs) for _, _, ctxs, _, _ in pools})
+  print(f"evaluate: {len(pools)} queries, {'/'.join(map(str, sizes))} candidates each",
+        file=sys.stderr)
   cols = [f"recall@{k}", f"map@{k}", f"ndcg@{k}"]
   print(f"{'system':<16}" + "".join(f"{c:>12}" for c in cols))
   for name, m in metrics.items():

@@ -76,3 +76,27 @@ def build_eval_pools(records: Sequence[dict], pool_size: int = 50,
     pools.append({"id": rec["qid"], "input": rec["query"], "answer": rec["answer"], "ctxs": ctxs})
     qrels[rec["qid"]] = {f"p{i}" for i in gold}
   return pools, qrels
+
+
+def expand_pools(pool_records: Sequence[dict], corpus: Sequence[dict]) -> list[dict]:
+  """Resolve id-only pools (`{"id", "input", "ctx_ids": [...]}`, as `tools/build_demo_data.py`
+  ships them) into OpenScholar pools with full ctxs from `corpus` (`{"id", "title", "text"}`).
+
+  Records that already carry `ctxs` pass through unchanged.
+
+  Raises:
+    ConfigError: a pool names a passage id the corpus lacks.
+  """
+  by_id = {str(c["id"]): c for c in corpus}
+  out = []
+  for rec in pool_records:
+    if "ctx_ids" not in rec:
+      out.append(rec)
+      continue
+    missing = [i for i in rec["ctx_ids"] if str(i) not in by_id]
+    if missing:
+      raise ConfigError(f"pool {rec.get('id')!r}: passage ids not in the corpus: {missing[:5]}")
+    ctxs = [{"id": str(i), "title": by_id[str(i)].get("title", ""), "text": by_id[str(i)]["text"]}
+            for i in rec["ctx_ids"]]
+    out.append({k: v for k, v in rec.items() if k != "ctx_ids"} | {"ctxs": ctxs})
+  return out

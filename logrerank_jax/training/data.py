@@ -32,6 +32,7 @@ class Unit:
   passage_rank: tuple           # [P] gold passage ranks (1 = best)
   sentence_rank: tuple          # [P][M] gold sentence ranks
   role: tuple                   # [P][M][3] role targets
+  passage_titles: tuple = ()    # [P] passage titles (the passage cross-encoder reads them)
 
 
 def _unit(rec: TrainingRecord, passages) -> Unit:
@@ -41,7 +42,8 @@ def _unit(rec: TrainingRecord, passages) -> Unit:
       passage_ids=tuple(p.id for p in passages),
       passage_rank=tuple(p.rank for p in passages),
       sentence_rank=tuple(tuple(s.rank for s in p.sentences) for p in passages),
-      role=tuple(tuple(tuple(s.role) for s in p.sentences) for p in passages))
+      role=tuple(tuple(tuple(s.role) for s in p.sentences) for p in passages),
+      passage_titles=tuple(p.title for p in passages))
 
 
 def local_units(records: Sequence[TrainingRecord]) -> List[Unit]:

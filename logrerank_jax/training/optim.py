@@ -1,6 +1,8 @@
-"""AdamW with linear warm-up and decay, weight-decay masking and gradient accumulation."""
+"""AdamW with linear warm-up and decay, weight-decay masking, gradient accumulation and
+optional freezing of the lowest encoder layers (`config.freeze_encoder_layers`)."""
 
 import math
+import re
 
 import jax
 import optax
@@ -43,10 +45,31 @@ def _decay_mask(params):
   return jax.tree_util.tree_map(lambda p: p.ndim > 1, params)
 
 
+_LAYER = re.compile(r"^layers_(\d+)$")
+
+
+def frozen_mask(params, num_layers: int):
+  """Return a bool tree, True for the params that `freeze_encoder_layers=num_layers` freezes.
+
+  Frozen: the encoder's embeddings and its layers 0..num_layers-1, wherever an encoder sits in
+  the tree (LoG: `local/encoder/...`; the passage cross-encoder: `bert/...`). Heads, the pooler,
+  the GAT and the upper layers train. 0 freezes nothing.
+  """
+  def frozen(path, _):
+    names = [getattr(k, "key", getattr(k, "name", str(k))) for k in path]
+    for i, n in enumerate(names):
+      if n in ("encoder", "bert") and i + 1 < len(names):
+        child = names[i + 1]
+        m = _LAYER.match(child)
+        return child == "embeddings" or (m is not None and int(m.group(1)) < num_layers)
+    return False
+  return jax.tree_util.tree_map_with_path(frozen, params)
+
+
 def make_optimizer(peak_lr: float, total_steps: int, warmup_fraction: float = 0.06,
                    weight_decay: float = 0.01, accumulation: int = 1,
                    max_grad_norm: float = 1.0, b1: float = 0.9, b2: float = 0.999,
-                   eps: float = 1e-8) -> optax.GradientTransformation:
+                   eps: float = 1e-8, frozen=None) -> optax.GradientTransformation:
   """Build the training optimizer: clipped AdamW on a warm-up/decay schedule, accumulated.
 
   Args:
@@ -59,6 +82,9 @@ def make_optimizer(peak_lr: float, total_steps: int, warmup_fraction: float = 0.
     b1: Adam beta1.
     b2: Adam beta2.
     eps: Adam epsilon.
+    frozen: optional bool tree (`frozen_mask`) of params that never change: their gradients
+      are zeroed before anything else (so XLA drops their backward pass, and clipping,
+      accumulation and Adam see zeros) and they get no update and no weight decay.
 
   Returns:
     An `optax.GradientTransformation` (a `MultiSteps` one when `accumulation > 1`).
@@ -70,6 +96,13 @@ def make_optimizer(peak_lr: float, total_steps: int, warmup_fraction: float = 0.
   chain.append(optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
                            mask=_decay_mask))
   tx = optax.chain(*chain)
+  if frozen is not None:
+    # No update (and so no weight decay) for frozen leaves.
+    tx = optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()},
+                               jax.tree_util.tree_map(lambda f: "frozen" if f else "train", frozen))
   if accumulation > 1:
     tx = optax.MultiSteps(tx, every_k_schedule=accumulation)
+  if frozen is not None:
+    # Zero frozen gradients first: nothing downstream reads them, so their backward is dead code.
+    tx = optax.chain(optax.masked(optax.set_to_zero(), frozen), tx)
   return tx

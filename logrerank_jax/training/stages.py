@@ -7,6 +7,9 @@ only calls the stage's methods and never branches on which stage it runs.
   GlobalStage  freezes a finished local model, caches its per-sentence outputs once
                (`feature_cache`), and trains the graph encoder and global scorer on query
                graphs with the pairwise loss (eq 23).
+  PassageStage the passage cross-encoder *baseline*: a BERT-family `BertSequenceClassifier`
+               from `init_checkpoint`, trained on each query's (question, passage) pairs with
+               a listwise softmax loss against the gold passage; exports an HF folder.
 
 Both run the model only through `LoGReranker`'s entry points (`local_nodes`, `global_logits`).
 """
@@ -26,13 +29,13 @@ from logrerank_jax.data.tokenization import load_tokenizer, train_wordpiece_toke
 from logrerank_jax.errors import ConfigError
 from logrerank_jax.evaluation import rerank_metrics
 from logrerank_jax.models import log_reranker as lr
-from logrerank_jax.models.model_folder import load_model
+from logrerank_jax.models.model_folder import load_model, save_model
 from logrerank_jax.ranking import passage_order, passage_scores
 from logrerank_jax.schema import NUM_ROLES
 from logrerank_jax.training import data as data_lib
 from logrerank_jax.training import feature_cache as fc
 
-STAGES = ("local", "global")
+STAGES = ("local", "global", "passage")
 
 
 # ----------------------------------------------------------------------------- model config
@@ -156,6 +159,23 @@ def pack_token_batches(units, groups, shares_of: Callable, tokenizer, pack_cfg: 
            for b in mb] for mb in packed]
 
 
+def _cross_passage_term(local_logit, batch, per: int):
+  """Listwise softmax over each query's passages of their best local sentence logit, against
+  the rank-1 passage (`local_passage_weight`; not in the paper, whose local loss ranks
+  sentences within a passage only). Slots hold one passage each, a query's `per` passages
+  consecutive (`LocalStage.micro_batch_groups`); returns (sum over queries, queries)."""
+  mask = batch["node_mask"]                                                  # [Q, N]
+  best = jnp.max(jnp.where(mask, local_logit, -1e9), axis=-1)               # [Q]
+  valid = jnp.any(mask, axis=-1)
+  gold = jnp.any(mask & (batch["passage_rank"] == 1), axis=-1)
+  q = best.shape[0] // per
+  best, valid, gold = (x[:q * per].reshape(q, per) for x in (best, valid, gold))
+  logp = jax.nn.log_softmax(jnp.where(valid, best, -1e9), axis=-1)
+  has = jnp.any(gold & valid, axis=-1)
+  per_query = -jnp.sum(jnp.where(gold & valid, logp, 0.0), axis=-1)
+  return jnp.sum(jnp.where(has, per_query, 0.0)), jnp.sum(has).astype(jnp.float32)
+
+
 class LocalStage:
   """Encoder + heads on (query, passage) units, listwise + role-KL loss (eq 19-22)."""
   name = "local"
@@ -170,6 +190,30 @@ class LocalStage:
     self.pack_cfg = packing_config(config)
     self.units = data_lib.local_units(records)
     self.cache_info: Dict[str, Any] = {}
+
+  def micro_batch_groups(self, size: int, seed: int):
+    """Shuffled micro-batches of `size` units; with `local_passage_weight` > 0, whole queries.
+
+    The cross-passage term needs every passage of a query in one device share, so each
+    micro-batch is then the passages of `size // P` queries (P passages each), query order
+    shuffled with `seed`; one device only.
+    """
+    if not self.config.get("local_passage_weight", 0.0):
+      return data_lib.group_micro_batches(len(self.units), size, seed)
+    if self.num_shards != 1:
+      raise ConfigError("local_passage_weight > 0 needs one data-parallel device")
+    by_query: Dict[str, List[int]] = {}
+    for i, u in enumerate(self.units):
+      by_query.setdefault(u.qid, []).append(i)
+    queries = list(by_query.values())
+    per = max(len(q) for q in queries)
+    if size < per:
+      raise ConfigError(f"local_passage_weight > 0 needs micro_batch_size >= {per} (the passages "
+                        f"of one query), got {size}")
+    order = np.random.RandomState(seed).permutation(len(queries))
+    step = size // per
+    return [[i for qi in order[j:j + step] for i in queries[qi]]
+            for j in range(0, len(queries), step)]
 
   def micro_batches(self, groups, shares_of):
     """[micro-batch][device share] packed token batches."""
@@ -198,9 +242,23 @@ class LocalStage:
       rank = losses.listwise_rank_loss(nodes["local_logit"], batch["sentence_rank"], mask,
                                        tau=cfg.tau)
       role = losses.role_kl_loss(nodes["role_logits"], batch["role_target"], mask)
-      return {"rank": (rank * passages, passages), "role": (role * sentences, sentences)}
+      terms = {"rank": (rank * passages, passages), "role": (role * sentences, sentences)}
+      if passage_weight:
+        terms["passage"] = _cross_passage_term(nodes["local_logit"], batch, slots_per_query)
+      return terms
 
-    return loss_fn, {"rank": 1.0, "role": cfg.role_loss_weight}
+    passage_weight = float(self.config.get("local_passage_weight", 0.0))
+    slots_per_query = self._per_query()
+    coefs = {"rank": 1.0, "role": cfg.role_loss_weight}
+    if passage_weight:
+      coefs["passage"] = passage_weight
+    return loss_fn, coefs
+
+  def _per_query(self) -> int:
+    counts: Dict[str, int] = {}
+    for u in self.units:
+      counts[u.qid] = counts.get(u.qid, 0) + 1
+    return max(counts.values())
 
   def make_eval(self, val_units) -> Callable[[Any], Dict[str, float]]:
     """params -> passage metrics on the validation queries, from local scores."""
@@ -222,6 +280,10 @@ class LocalStage:
   def export_params(self, params):
     """The exported model is the trained local model alone ("w/o global" until stage 2)."""
     return params
+
+  def save(self, model_dir: str, params, info) -> None:
+    """Write the LoG model folder (`models.model_folder.save_model`)."""
+    save_model(model_dir, params, self.cfg, self.tokenizer, info=info)
 
 
 class GlobalStage:
@@ -286,6 +348,10 @@ class GlobalStage:
       batches.append([fc.feature_batch([feats[i] for i in s], q_share, n_max) for s in shares])
     return batches
 
+  def micro_batch_groups(self, size: int, seed: int):
+    """Micro-batches as lists of unit indices (shuffled with `seed`, `size` units each)."""
+    return data_lib.group_micro_batches(len(self.units), size, seed)
+
   num_shards = 1  # set by the loop before `micro_batches`
 
   def _global_logits(self, params_global, feats, deterministic, rng=None):
@@ -342,9 +408,167 @@ class GlobalStage:
     """The full model: the frozen local params and the trained GAT."""
     return {"local": jax.device_get(self.frozen_local), "global": params["global"]}
 
+  def save(self, model_dir: str, params, info) -> None:
+    """Write the LoG model folder (`models.model_folder.save_model`)."""
+    save_model(model_dir, params, self.cfg, self.tokenizer, info=info)
+
+
+class PassageStage:
+  """Passage cross-encoder baseline on query units: listwise softmax over a query's passages.
+
+  Each passage is the pair `tokenizer(question, "title text")` (as `baselines.CrossEncoder`
+  scores it), truncated longest-first to `max_seq_len`; a micro-batch holds
+  `micro_batch_size` queries, all their passages, padded to one (Q, P, L) shape.
+  """
+  name = "passage"
+
+  def __init__(self, config, workdir: str, records):
+    from logrerank_jax.models.local_scorer import encoder_config_from_hf  # pylint: disable=g-import-not-at-top
+    if not config.init_checkpoint:
+      raise ConfigError("the passage stage needs --config.init_checkpoint=<HF BERT folder>")
+    self.config = config
+    self.tokenizer = load_tokenizer(config.tokenizer or config.init_checkpoint)
+    enc = encoder_config_from_hf(config.init_checkpoint)
+    if encoder_family(enc) != "bert":
+      raise ConfigError("the passage stage supports BERT-family checkpoints only")
+    self.cfg = enc.replace(num_labels=1)
+    self.units = data_lib.query_units(records)
+    self.cache_info: Dict[str, Any] = {}
+    self.num_p = max(len(u.passage_ids) for u in self.units)
+
+  def _pack(self, units, num_q: int, length: int = 0):
+    """[Q, P, L] ids / mask / types, [Q, P] valid and gold masks for up to `num_q` units."""
+    pairs = [(u.query.query, _passage_text(u, p)) for u in units for p in range(len(u.passage_ids))]
+    enc = self.tokenizer([q for q, _ in pairs], [t for _, t in pairs], truncation="longest_first",
+                         max_length=self.config.max_seq_len) if pairs else {"input_ids": []}
+    length = length or max([len(x) for x in enc["input_ids"]] + [8])
+    shape = (num_q, self.num_p, length)
+    ids, mask, types = (np.zeros(shape, np.int32) for _ in range(3))
+    valid, gold = np.zeros(shape[:2], bool), np.zeros(shape[:2], bool)
+    k, real = 0, 0
+    for qi, u in enumerate(units):
+      for p in range(len(u.passage_ids)):
+        x = enc["input_ids"][k]
+        ids[qi, p, :len(x)] = x
+        mask[qi, p, :len(x)] = 1
+        types[qi, p, :len(x)] = enc["token_type_ids"][k]
+        valid[qi, p], gold[qi, p] = True, u.passage_rank[p] == 1
+        real += len(x)
+        k += 1
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types,
+            "passage_mask": valid, "gold": gold, "real_tokens": np.asarray(real, np.int64)}
+
+  def micro_batches(self, groups, shares_of):
+    """[micro-batch][device share] packed pair batches, all of one shape (one compile)."""
+    q_share = max(1, self.config.micro_batch_size // self.num_shards)
+    packed = [[self._pack([self.units[i] for i in s], q_share) for s in shares_of(g)]
+              for g in groups]
+    length = max(b["input_ids"].shape[-1] for mb in packed for b in mb)
+    return [[self._pack([self.units[i] for i in s], q_share, length) for s in shares_of(g)]
+            for g in groups]
+
+  def micro_batch_groups(self, size: int, seed: int):
+    """Micro-batches as lists of unit indices (shuffled with `seed`, `size` units each)."""
+    return data_lib.group_micro_batches(len(self.units), size, seed)
+
+  num_shards = 1  # set by the loop before `micro_batches`
+
+  def _logits(self, params, batch, deterministic, rng=None):
+    from logrerank_jax.models.bert import BertSequenceClassifier  # pylint: disable=g-import-not-at-top
+    q, p, l = batch["input_ids"].shape
+    flat = lambda x: x.reshape(q * p, l)  # noqa: E731
+    logits = BertSequenceClassifier(self.cfg).apply(
+        {"params": params}, flat(batch["input_ids"]), flat(batch["attention_mask"]),
+        flat(batch["token_type_ids"]), deterministic=deterministic,
+        rngs=None if deterministic else {"dropout": rng})
+    return logits[:, 0].reshape(q, p)
+
+  def init_params(self, example, rng):
+    """A fresh classifier head on the checkpoint's encoder (and its pooler when it has one)."""
+    from logrerank_jax.convert import bert_params_from_torch, load_torch_state_dict  # pylint: disable=g-import-not-at-top
+    from logrerank_jax.models.bert import init_params  # pylint: disable=g-import-not-at-top
+    params = jax.device_get(init_params(self.cfg, rng, classifier=True))
+    sd = load_torch_state_dict(self.config.init_checkpoint)
+    params = dict(params, bert=bert_params_from_torch(sd, self.cfg))
+    w, b = sd.get("pooler.dense.weight"), sd.get("pooler.dense.bias")
+    if w is not None and b is not None:
+      params["pooler"] = {"dense": {"kernel": np.asarray(w, np.float32).T,
+                                    "bias": np.asarray(b, np.float32)}}
+    return params
+
+  def loss(self) -> Tuple[Callable, Dict[str, float]]:
+    """Listwise softmax cross-entropy of each query's passages against its gold passage(s)."""
+
+    def loss_fn(params, batch, rng):
+      logits = self._logits(params, batch, False, rng)         # [Q, P]
+      valid, gold = batch["passage_mask"], batch["gold"]
+      has = jnp.any(gold & valid, axis=-1)                     # [Q]
+      logp = jax.nn.log_softmax(jnp.where(valid, logits, -1e9), axis=-1)
+      target = jnp.where(gold & valid, 1.0, 0.0)
+      target = target / jnp.maximum(jnp.sum(target, -1, keepdims=True), 1.0)
+      per_query = -jnp.sum(jnp.where(valid, target * logp, 0.0), axis=-1)
+      count = jnp.sum(has).astype(jnp.float32)
+      return {"listwise": (jnp.sum(jnp.where(has, per_query, 0.0)), count)}
+
+    return loss_fn, {"listwise": 1.0}
+
+  def make_eval(self, val_units) -> Callable[[Any], Dict[str, float]]:
+    """params -> passage metrics on the validation queries."""
+    if not val_units:
+      return lambda params: {}
+    run = jax.jit(lambda p, b: self._logits(p, b, True))
+    groups = fc.query_groups(len(val_units), self.config.cache_batch_queries)
+
+    def evaluate(params):
+      run_, qrels = {}, {}
+      for group in groups:
+        share = [val_units[i] for i in group]
+        b = self._pack(share, self.config.cache_batch_queries, self.config.max_seq_len)
+        out = np.asarray(run(params, {k: jnp.asarray(v) for k, v in b.items()
+                                      if k != "real_tokens"}))
+        for qi, u in enumerate(share):
+          scores = out[qi, :len(u.passage_ids)]
+          run_[u.qid] = [u.passage_ids[p] for p in passage_order(scores)]
+          qrels[u.qid] = {u.passage_ids[p] for p in range(len(u.passage_ids))
+                          if u.passage_rank[p] == 1}
+      return rerank_metrics(run_, qrels, k=10)
+    return evaluate
+
+  def export_params(self, params):
+    return params
+
+  def save(self, model_dir: str, params, info) -> None:
+    """Write an HF BertForSequenceClassification folder (config, safetensors, tokenizer)."""
+    from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+    from logrerank_jax.convert import bert_sequence_classifier_params_to_torch  # pylint: disable=g-import-not-at-top
+    os.makedirs(model_dir, exist_ok=True)
+    sd = bert_sequence_classifier_params_to_torch(jax.device_get(params), self.cfg)
+    save_file({k: np.ascontiguousarray(v, np.float32) for k, v in sd.items()},
+              os.path.join(model_dir, "model.safetensors"))
+    hf = dict(self.cfg.to_hf_dict(), num_labels=1, architectures=["BertForSequenceClassification"])
+    hf.setdefault("id2label", {"0": "LABEL_0"})
+    hf.setdefault("label2id", {"LABEL_0": 0})
+    with open(os.path.join(model_dir, "config.json"), "w", encoding="utf-8") as f:
+      json.dump(hf, f, indent=1)
+    self.tokenizer.save_pretrained(model_dir)
+    with open(os.path.join(model_dir, "info.json"), "w", encoding="utf-8") as f:
+      json.dump(info, f, indent=1, default=str)
+
+
+def _passage_text(unit, p: int) -> str:
+  """The "title text" string of a unit's passage p (what `baselines.passage_string` builds)."""
+  title = unit.passage_titles[p] if unit.passage_titles else ""
+  return f"{title} {' '.join(unit.query.passages[p])}".strip()
+
+
+def encoder_family(cfg) -> str:
+  from logrerank_jax.models.local_scorer import encoder_family as fam  # pylint: disable=g-import-not-at-top
+  return fam(cfg)
+
 
 def make_stage(config, workdir: str, records):
-  """Choose the stage once: `LocalStage` or `GlobalStage` from `config.stage`."""
+  """Choose the stage once from `config.stage`: `LocalStage`, `GlobalStage` or `PassageStage`."""
   if config.stage not in STAGES:
-    raise ConfigError(f"config.stage must be 'local' or 'global', got {config.stage!r}")
-  return (LocalStage if config.stage == "local" else GlobalStage)(config, workdir, records)
+    raise ConfigError(f"config.stage must be one of {STAGES}, got {config.stage!r}")
+  return {"local": LocalStage, "global": GlobalStage,
+          "passage": PassageStage}[config.stage](config, workdir, records)

@@ -25,7 +25,6 @@ import numpy as np
 
 from logrerank_jax.data.records import validate_training_file
 from logrerank_jax.errors import CheckpointError, ConfigError, LogRerankError
-from logrerank_jax.models.model_folder import save_model
 from logrerank_jax.training import data as data_lib
 from logrerank_jax.training import optim
 from logrerank_jax.training import step as step_lib
@@ -181,7 +180,7 @@ def train_and_evaluate(config, workdir: str) -> Dict[str, Any]:
   val_units = data_lib.query_units(val_records)
 
   # Micro-batches: fixed groups, each split into per-device shares.
-  groups = data_lib.group_micro_batches(len(stage.units), config.micro_batch_size, config.seed)
+  groups = stage.micro_batch_groups(config.micro_batch_size, config.seed)
   my_shards = slice(proc * len(devices), (proc + 1) * len(devices))
   shares_of = lambda g: data_lib.split_global_batch(g, config.micro_batch_size, num_shards)[my_shards]  # noqa: E731
   t0 = time.time()
@@ -200,9 +199,11 @@ def train_and_evaluate(config, workdir: str) -> Dict[str, Any]:
   if config.max_steps:
     total_micro = min(total_micro, config.max_steps)
   total_updates = optim.total_optimizer_steps(num_mb, config.num_epochs, config.grad_accum_steps)
+  frozen = (optim.frozen_mask(params, config.freeze_encoder_layers)
+            if config.get("freeze_encoder_layers", 0) else None)
   tx = optim.make_optimizer(config.learning_rate, total_updates, config.warmup_fraction,
                             config.weight_decay, config.grad_accum_steps, config.max_grad_norm,
-                            eps=config.adam_eps)
+                            eps=config.adam_eps, frozen=frozen)
   state = step_lib.create_train_state(params, tx, config.seed)
 
   # `with`: the checkpointer (and orbax's pending work) is closed on every exit, errors too.
@@ -292,10 +293,10 @@ def train_and_evaluate(config, workdir: str) -> Dict[str, Any]:
     model_dir = os.path.join(workdir, "model")
     if proc == 0:
       # The packer settings travel with the model so inference packs exactly as training did.
-      save_model(model_dir, export_params, stage.cfg, stage.tokenizer,
-                 info={"stage": config.stage, "source": source, "val": val,
-                       "packing": {"row_len": config.max_seq_len,
-                                   "max_query_tokens": config.max_query_tokens}})
+      info = {"stage": config.stage, "source": source, "val": val,
+              "packing": {"row_len": config.max_seq_len,
+                          "max_query_tokens": config.max_query_tokens}}
+      stage.save(model_dir, export_params, info)  # a LoG model folder, or the stage's own format
   write({"event": "end", "step": int(final_state.step), "loss": last_loss, "val": val})
   if log is not None:
     log.close()
