@@ -470,7 +470,7 @@ def test_train_cli_config_errors_are_one_line(tmp_path):
       (["--config", f"{cfg_file}:tiny"],
        "missing ['learning_rate'] unknown ['learnig_rate']"),
       (["--config", "configs/local_stage.py:tiny", "--config.stage=middle"],
-       "config.stage must be 'local' or 'global', got 'middle'"),
+       "config.stage must be one of ('local', 'global', 'passage'), got 'middle'"),
       (["--config", "configs/global_stage.py:tiny"],
        "needs --config.local_checkpoint=DIR"),
       (["--config", "configs/global_stage.py:tiny", f"--config.local_checkpoint={tmp_path}"],

@@ -93,7 +93,7 @@ def log_config_from_dict(data: Dict[str, Any]) -> LoGConfig:
     raise ConfigError(f"log_config.local: expected an object, got {type(local).__name__}")
   local = dict(local)
   family = local.pop("encoder_family", DEFAULT_ENCODER_FAMILY)
-  if family not in ENCODER_FAMILIES:
+  if not isinstance(family, str) or family not in ENCODER_FAMILIES:
     raise ConfigError(f"log_config.local.encoder_family: {family!r} is not one of "
                       f"{sorted(ENCODER_FAMILIES)}")
   encoder = _build(ENCODER_FAMILIES[family], local.get("encoder", {}), "log_config.local.encoder")
