@@ -246,7 +246,7 @@ def encoder_suite(size: str = "small", threads: Optional[int] = None, reps: int 
   for n in torch_batch_sizes:
     peers[f"torch_sorted_bs{n}"] = torch_batches(seqs, n, sort=True)
   peers["torch_input_order_bs8"] = torch_batches(seqs, 8, sort=False)
-  packed_rows = [(torch.as_tensor(np.asarray(b["input_ids"]), dtype=torch.long),
+  packed_rows = [(torch.as_tensor(np.array(b["input_ids"]), dtype=torch.long),
                   torch.as_tensor(np.asarray(b["segment_ids"]) > 0, dtype=torch.long), None)
                  for b in dev]
   for name, bs in peers.items():
