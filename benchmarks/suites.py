@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from benchmarks.protocol import block
 from logrerank_jax.convert import modernbert_params_from_torch
 from logrerank_jax.data import sentences
 from logrerank_jax.data.packing import PackingConfig, QueryInput, pack_queries
@@ -73,25 +74,13 @@ def machine_info(threads: Optional[int] = None) -> Dict[str, Any]:
 def timed(fn: Callable[[], Any], reps: int = 3, warmup: int = 1) -> float:
   """Return the median wall time (s) of `fn()` over `reps` runs after `warmup` runs."""
   for _ in range(warmup):
-    _block(fn())
+    block(fn())
   times = []
   for _ in range(reps):
     t0 = time.perf_counter()
-    _block(fn())
+    block(fn())
     times.append(time.perf_counter() - t0)
   return statistics.median(times)
-
-
-def _block(x):
-  """Wait for JAX arrays (and CUDA torch work) inside `x`."""
-  jax.block_until_ready(x)
-  try:
-    import torch  # pylint: disable=g-import-not-at-top
-    if torch.cuda.is_available():
-      torch.cuda.synchronize()
-  except ImportError:
-    pass
-  return x
 
 
 def percentiles(values: Sequence[float]) -> Dict[str, float]:
@@ -366,9 +355,9 @@ def pipeline_suite(pools: Sequence[dict], tokenizer, size: str, num_passages: Op
     rec = {}
     db, info, rec["host_s"] = host_log(pool, rec)
     t0 = time.perf_counter()
-    nodes = _block(local_fn(params["local"], db))
+    nodes = block(local_fn(params["local"], db))
     t1 = time.perf_counter()
-    _block(global_fn(params["global"], nodes, db["node_passage"], db["node_mask"]))
+    block(global_fn(params["global"], nodes, db["node_passage"], db["node_mask"]))
     t3 = time.perf_counter()
     rec.update(encoder_s=t1 - t0, global_s=t3 - t1, real_tokens=info.real_tokens,
                nodes=int(np.sum(np.asarray(db["node_mask"]))))
@@ -376,11 +365,11 @@ def pipeline_suite(pools: Sequence[dict], tokenizer, size: str, num_passages: Op
     if fused:
       db2, _, h2 = host_log(pool)
       t0 = time.perf_counter()
-      _block(fused_fn(params, db2))
+      block(fused_fn(params, db2))
       rec["log_fused_s"] = h2 + time.perf_counter() - t0
     cb, cinfo, rec["ce_host_s"] = host_ce(pool)
     t0 = time.perf_counter()
-    _block(ce_fn(ce_params, cb))
+    block(ce_fn(ce_params, cb))
     rec["ce_device_s"] = time.perf_counter() - t0
     rec["ce_s"] = rec["ce_host_s"] + rec["ce_device_s"]
     rec["ce_real_tokens"] = cinfo.real_tokens
