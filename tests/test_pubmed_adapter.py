@@ -124,9 +124,13 @@ def _reference_sentence_ranks(question, sentences, docs):
   doc_sets = [tok(d) for d in docs]
   q = tok(question)
   n = len(docs)
-  score = np.array([sum(np.log1p((n - sum(t in d for d in doc_sets) + 0.5)
-                                 / (sum(t in d for d in doc_sets) + 0.5))
-                        for t in q & tok(s)) for s in sentences])  # [M]
+  # math.fsum is correctly rounded, so the score does not depend on the set's iteration
+  # order (which follows PYTHONHASHSEED): sentences with the same overlapping terms tie
+  # exactly and the stable sort breaks the tie by position, as the adapter does. A plain
+  # sum() here made the tie order hash-seed dependent (CI, stop 17).
+  score = np.array([math.fsum(np.log1p((n - sum(t in d for d in doc_sets) + 0.5)
+                                       / (sum(t in d for d in doc_sets) + 0.5))
+                              for t in q & tok(s)) for s in sentences])  # [M]
   order = np.argsort(-score, kind="stable")
   ranks = np.empty(len(sentences), int)
   ranks[order] = np.arange(1, len(sentences) + 1)
