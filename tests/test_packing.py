@@ -286,3 +286,14 @@ def test_query_without_passages_and_passage_without_sentences(tokenizer):
   assert batch.node_passage[1, 0] == 1 and batch.node_sentence[1, 0] == 0
   assert [p.num_windows for p in info.passages[1]] == [0, 1] and info.passages[0] == ()
   assert info.num_sequences == 1
+
+
+def test_inference_row_buckets_are_a_fine_geometric_ladder():
+  from logrerank_jax.data.packing import INFERENCE_ROW_BUCKETS, geometric_buckets
+  assert INFERENCE_ROW_BUCKETS == geometric_buckets(128) == (
+      1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 13, 15, 17, 20, 23, 26, 30, 34, 39, 44, 50, 57, 65, 74, 84,
+      95, 107, 121, 128)
+  # A call is padded by less than 1/8 of its rows above 8 rows, by nothing below.
+  for a, b in zip(INFERENCE_ROW_BUCKETS, INFERENCE_ROW_BUCKETS[1:]):
+    assert b - a <= max(1, -(-a // 8))
+  assert geometric_buckets(5) == (1, 2, 3, 4, 5) and geometric_buckets(10, ratio=2.0) == tuple(range(1, 9)) + (10,)
