@@ -21,6 +21,11 @@ when a query has more sentences than the largest bucket: a query's graph is neve
 jits see only a small fixed set of shapes (query slots, rows, spans, nodes all bucketed) and
 compile once per bucket. The limit left is memory; running out names the flags to change.
 
+Host pipeline.  `score` cuts the records into chunks of `DEFAULT_CHUNK_RECORDS`; the host
+work of a chunk (tokenising, planning and packing its local calls: `_local_jobs`) runs on
+`host_workers` Grain worker threads ahead of the device work, in input order, so outputs are
+identical to the serial engine's (`host_workers=0`).
+
 Compilation count.  `compile_stats()["xla_compilations"]` counts the
 `/jax/core/compile/backend_compile_duration` events (`jax.monitoring`) fired while this
 reranker's jitted forward runs: one per XLA executable built, including ones loaded from the
@@ -67,6 +72,10 @@ DEFAULT_LOCAL_SLOTS = 16
 # call of a chunk is partial. Fixed (not a multiple of the device count) so that the calls, and
 # so the scores, are the same on any number of devices.
 DEFAULT_CHUNK_RECORDS = 32
+# Host threads preparing the next chunks while the devices run (`Reranker.score`). One keeps the
+# device fed when host work per chunk is below device work (true with the compiled splitter);
+# on a CPU-only machine it shares the cores with XLA, so more would only contend.
+DEFAULT_HOST_WORKERS = 1
 # A call is cut at this fraction of its largest row bucket's tokens: first-fit decreasing packs
 # real pools to ~97-99% of the rows it opens, and an overflowing call is split, not lost.
 CALL_FILL = 0.95
@@ -190,7 +199,7 @@ class Reranker:
   def __init__(self, params, cfg: lr.LoGConfig, tokenizer,
                packing: Optional[PackingConfig] = None, queries_per_batch: int = 4,
                local_slots: Optional[int] = None, devices: Optional[Sequence[Any]] = None,
-               _local_only: bool = False):
+               host_workers: int = DEFAULT_HOST_WORKERS, _local_only: bool = False):
     """Wrap loaded params.
 
     Args:
@@ -205,12 +214,17 @@ class Reranker:
         with the passages of many queries.
       devices: the devices to shard calls over (default `jax.local_devices()`: all of this
         process's devices); D calls of one shape run as one data-parallel step.
+      host_workers: host threads that prepare the next chunks of records (tokenise, plan,
+        pack) while the devices run the current one (`score`); 0 runs everything serially.
     """
     for name, v in (("queries_per_batch", queries_per_batch), ("local_slots", local_slots)):
       if v is None and name == "local_slots":
         continue
       if isinstance(v, bool) or not isinstance(v, int) or v < 1:
         raise ConfigError(f"{name} must be a positive int, got {v!r}")
+    if isinstance(host_workers, bool) or not isinstance(host_workers, int) or host_workers < 0:
+      raise ConfigError(f"host_workers must be an int >= 0, got {host_workers!r}")
+    self.host_workers = host_workers
     if cfg.use_global and "global" not in params:
       raise CheckpointError("params have no 'global' tree but the config has use_global=True")
     _check_param_shapes(params, cfg)
@@ -393,16 +407,17 @@ class Reranker:
             "node_passage": np.full((size, n), -1, np.int32),
             "node_mask": np.zeros((size, n), bool)}
 
-  def _token_counts(self, records: Sequence[InferenceRecord]):
+  def _token_counts(self, records: Sequence[InferenceRecord], tokenizer=None):
     """(query tokens, tokens per passage) of each record: the cost used to cut queries into
     calls that fit the buckets (one batched tokeniser call)."""
+    tokenizer = tokenizer or self.tokenizer
     texts = [r.query for r in records] + [s for r in records for p in r.sentence_texts for s in p]
-    lens = iter(len(t) for t in self.tokenizer(texts, add_special_tokens=False)["input_ids"])
+    lens = iter(len(t) for t in tokenizer(texts, add_special_tokens=False)["input_ids"])
     queries = [next(lens) for _ in records]
     return [(q, [sum(next(lens) + 1 for _ in p) for p in r.sentence_texts])
             for q, r in zip(queries, records)]
 
-  def _local_calls(self, records: Sequence[InferenceRecord]):
+  def _local_calls(self, records: Sequence[InferenceRecord], tokenizer=None):
     """Cut the records' scorable passages into nearly full local-stage calls.
 
     The passages of all `records` (in order) are cut into the fewest calls that fit the
@@ -418,7 +433,7 @@ class Reranker:
     span_budget, node_budget = self._rung(max_rows)
     span_budget -= 1  # span 0 is the dummy
     token_budget = int(CALL_FILL * max_rows * row_len)
-    counts = self._token_counts(records)
+    counts = self._token_counts(records, tokenizer)
     items = []  # (record, passage, tokens, spans, nodes)
     for ri, rec in enumerate(records):
       q_len, p_lens = counts[ri]
@@ -459,15 +474,16 @@ class Reranker:
       calls.append(cur)
     return calls
 
-  def _pack_call(self, records, call):
+  def _pack_call(self, records, call, tokenizer=None):
     """Pack one local call into its row bucket's shape: [(slots, model arrays, PackInfo)].
 
     A call that overflows the largest bucket is split in halves, and a single passage too
     large for every bucket gets grown buckets (one more shape, not an error)."""
+    tokenizer = tokenizer or self.tokenizer
     queries = [QueryInput(records[ri].query, [records[ri].sentence_texts[pi] for pi in pis])
                for ri, pis in call]
     try:
-      batch, info = pack_for_model(queries, self.tokenizer, self._local_packing,
+      batch, info = pack_for_model(queries, tokenizer, self._local_packing,
                                    self.cfg.contextual_encoding)
       spans = int(np.flatnonzero(batch.span_kind).max(initial=0)) + 1
       shape = self._local_shape(info.num_rows_used, spans, int(batch.node_mask.sum(1).max()))
@@ -481,13 +497,13 @@ class Reranker:
         else:
           (ri, pis), = call
           halves = [[(ri, pis[:len(pis) // 2])], [(ri, pis[len(pis) // 2:])]]
-        return [part for h in halves for part in self._pack_call(records, h)]
+        return [part for h in halves for part in self._pack_call(records, h, tokenizer)]
     # One passage alone overflows: grow every bucket to cover it.
     big = dataclasses.replace(self._local_packing,
                               row_buckets=grown_buckets(self.packing.row_buckets, 1 << 20),
                               span_buckets=grown_buckets(self.packing.span_buckets, 1 << 22),
                               node_buckets=grown_buckets(self.packing.node_buckets, 1 << 22))
-    batch, info = pack_for_model(queries, self.tokenizer, big, self.cfg.contextual_encoding)
+    batch, info = pack_for_model(queries, tokenizer, big, self.cfg.contextual_encoding)
     return [(call, {k: getattr(batch, k) for k in MODEL_KEYS}, info)]
 
   def _run_stacked(self, stage: str, jobs: list) -> list:
@@ -512,16 +528,24 @@ class Reranker:
           outs[j] = (jobs[j][1], jax.tree_util.tree_map(lambda x, i=lane: x[i], out))
     return outs
 
-  def _score_group(self, records: Sequence[InferenceRecord]) -> List[QueryScores]:
+  def _local_jobs(self, records: Sequence[InferenceRecord], tokenizer=None) -> list:
+    """Host work of a chunk (tokenise, plan the local calls, pack them): the local-stage jobs
+    `_score_group` runs. Pure host code, so it can run on a worker thread (`host_workers`)."""
+    return [(arrays, (part, arrays, info)) for call in self._local_calls(records, tokenizer)
+            for part, arrays, info in self._pack_call(records, call, tokenizer)]
+
+  def _score_group(self, records: Sequence[InferenceRecord], jobs: Optional[list] = None
+                   ) -> List[QueryScores]:
     """Score records: local stage over as few, nearly full calls as they need, then the global
     stage over each query's whole graph (never cut), `queries_per_batch` queries per call;
-    calls of one shape run `num_devices` at a time."""
+    calls of one shape run `num_devices` at a time. `jobs`: the records' `_local_jobs`, when
+    a host worker has prepared them already."""
     d = self.cfg.local.encoder.hidden_size
     nodes: List[List[tuple]] = [[] for _ in records]   # per record: (pi, si, h, roles, z)
     windows = [dict() for _ in records]                # per record: pi -> (windows, trunc, empty)
     truncated_q = [False] * len(records)
-    jobs = [(arrays, (part, arrays, info)) for call in self._local_calls(records)
-            for part, arrays, info in self._pack_call(records, call)]
+    if jobs is None:
+      jobs = self._local_jobs(records)
     for (part, arrays, info), out in self._run_stacked("local", jobs):
       self._tokens["real"] += info.real_tokens
       node_passage, node_mask = arrays["node_passage"], arrays["node_mask"]
@@ -596,8 +620,13 @@ class Reranker:
     """Score parsed records in chunks of `chunk_records`, one result or error per record.
 
     Local calls are filled across a chunk's records, global calls take `queries_per_batch`
-    of them at a time. A chunk that fails (e.g. a query larger than the biggest bucket) is retried one record at a
-    time so only the offending record gets the error.
+    of them at a time. A chunk that fails (e.g. a query larger than the biggest bucket) is
+    retried one record at a time so only the offending record gets the error.
+
+    With `host_workers` > 0 the host work of the next chunks (tokenising, planning and packing
+    the local calls) runs on that many Grain worker threads while this thread drives the
+    devices; the chunks come back in input order and the jobs are those the serial path
+    builds, so the results are identical (tested).
 
     Args:
       records: parsed `InferenceRecord`s.
@@ -612,10 +641,14 @@ class Reranker:
       from tqdm import tqdm  # pylint: disable=g-import-not-at-top
       bar = tqdm(total=len(records), unit="query", desc="rerank")
     size = self.chunk_records
-    for start in range(0, len(records), size):
-      idx = list(range(start, min(start + size, len(records))))
+    chunks = [list(range(start, min(start + size, len(records))))
+              for start in range(0, len(records), size)]
+    for idx, jobs in self._prepared_chunks(records, chunks):
+      group = [records[i] for i in idx]
       try:
-        for i, r in zip(idx, self._score_group([records[i] for i in idx])):
+        if isinstance(jobs, LogRerankError):
+          raise jobs
+        for i, r in zip(idx, self._score_group(group, jobs)):
           results[i] = r
       except LogRerankError:
         for i in idx:
@@ -628,6 +661,39 @@ class Reranker:
     if bar is not None:
       bar.close()
     return results
+
+  def _prepared_chunks(self, records: Sequence[InferenceRecord], chunks: List[List[int]]):
+    """Yield (chunk indices, local jobs or the LogRerankError preparing them raised), in order.
+
+    Serial when `host_workers` is 0 or there is one chunk; otherwise a Grain `MapDataset` over
+    the chunks, read by `host_workers` threads with a prefetch of as many chunks, so the host
+    work of chunk k+1.. overlaps the device work of chunk k. Threads, not processes: the work
+    is the Rust tokenizer and NumPy, which release the GIL, and the records stay in memory.
+    Each thread tokenises with its own copy of the tokenizer (a HF fast tokenizer is not
+    safe to drive from several threads at once)."""
+    def prepare(idx, tokenizer=None):
+      try:
+        return idx, self._local_jobs([records[i] for i in idx], tokenizer)
+      except LogRerankError as e:  # the consumer retries the chunk record by record
+        return idx, e
+
+    if self.host_workers == 0 or len(chunks) < 2:
+      for idx in chunks:
+        yield prepare(idx)
+      return
+    import copy  # pylint: disable=g-import-not-at-top
+    import threading  # pylint: disable=g-import-not-at-top
+    import grain  # pylint: disable=g-import-not-at-top
+    local = threading.local()
+
+    def prepare_on_worker(idx):
+      if not hasattr(local, "tokenizer"):
+        local.tokenizer = copy.deepcopy(self.tokenizer)
+      return prepare(idx, local.tokenizer)
+
+    ds = grain.MapDataset.source(chunks).map(prepare_on_worker)
+    yield from ds.to_iter_dataset(grain.ReadOptions(num_threads=self.host_workers,
+                                                    prefetch_buffer_size=self.host_workers))
 
   # ------------------------------------------------------------------------------------ output
 

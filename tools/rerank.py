@@ -68,6 +68,9 @@ def parse_args(argv=None):
                  help="query token limit (default: the model's training setting, else 64)")
   p.add_argument("--local-slots", type=int, default=None,
                  help="query slots per local-stage call (default max(16, --queries-per-batch))")
+  p.add_argument("--host-workers", type=int, default=inference.DEFAULT_HOST_WORKERS,
+                 help="host threads that tokenise and pack the next records while the devices "
+                      f"run (default {inference.DEFAULT_HOST_WORKERS}; 0: serial)")
   p.add_argument("--precompile", action="store_true",
                  help="compile every bucket shape first (a service then compiles nothing live)")
   p.add_argument("--distributed", action="store_true",
@@ -166,7 +169,8 @@ def main(argv=None) -> int:
                (("row_buckets", args.row_buckets), ("node_buckets", args.node_buckets)) if v}
     reranker = inference.Reranker.from_pretrained(
         args.checkpoint, queries_per_batch=args.queries_per_batch, row_len=args.row_len,
-        max_query_tokens=args.max_query_tokens, local_slots=args.local_slots, **buckets)
+        max_query_tokens=args.max_query_tokens, local_slots=args.local_slots,
+        host_workers=args.host_workers, **buckets)
   except (LogRerankError, OSError) as e:
     print(f"rerank: error: {e}", file=sys.stderr)
     return 1
