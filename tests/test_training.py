@@ -156,6 +156,25 @@ def test_kill_and_resume_gives_identical_params(data, tmp_path):
   a, b = _params(tmp_path / "full.npz"), _params(tmp_path / "killed.npz")
   for k in a:
     np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+  # Every checkpoint carries the streaming data iterator's state, at its own micro-step.
+  for d in (tmp_path / "killed" / "checkpoints").iterdir():
+    if d.name.isdigit():
+      meta = json.loads((d / "meta" / "metadata").read_text())
+      assert meta["data_iterator"] == {"next_index": int(d.name)}, d
+
+
+def test_resume_refuses_a_data_iterator_out_of_step(data, tmp_path):
+  common = dict(max_steps=4, checkpoint_every_steps=2)
+  spec = _spec(data, tmp_path / "wd", tmp_path / "p.npz", **common)
+  _run(spec, 1, tmp_path / "a.json")
+  last = tmp_path / "wd" / "checkpoints" / "4" / "meta" / "metadata"
+  meta = json.loads(last.read_text())
+  meta["data_iterator"] = {"next_index": 3}
+  last.write_text(json.dumps(meta))
+  proc = _launch(spec, 1, tmp_path / "b.json")
+  _, err = proc.communicate(timeout=300)
+  assert proc.returncode != 0
+  assert "checkpoint step 4 but its data iterator is at micro-step 3" in err, err[-2000:]
 
 
 def test_feature_cache_equals_recompute_and_loss_falls(data, tmp_path):

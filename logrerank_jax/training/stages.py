@@ -14,6 +14,8 @@ only calls the stage's methods and never branches on which stage it runs.
 Both run the model only through `LoGReranker`'s entry points (`local_nodes`, `global_logits`).
 """
 
+import collections.abc
+import copy
 import dataclasses
 import json
 import os
@@ -131,9 +133,35 @@ def _device(batch) -> Dict[str, jax.Array]:
 
 # ----------------------------------------------------------------------------- the stages
 
+class StreamedBatches(collections.abc.Sequence):
+  """[micro-batch] -> its per-device shares, built on demand: nothing is held in memory.
+
+  `make(i)` builds micro-batch i; it must be deterministic (the trainer rebuilds a step's
+  batch after a resume). Host work runs in the trainer's data iterator (`data_iterator`),
+  which prefetches the next steps' batches on a worker thread while the devices train.
+  """
+
+  def __init__(self, num: int, make: Callable[[int], List[Dict[str, np.ndarray]]]):
+    self._num, self._make = int(num), make
+
+  def __len__(self) -> int:
+    return self._num
+
+  def __getitem__(self, i):
+    if isinstance(i, slice):
+      return [self[j] for j in range(*i.indices(self._num))]
+    if not -self._num <= i < self._num:
+      raise IndexError(f"micro-batch {i} of {self._num}")
+    return self._make(int(i) % self._num)
+
+
 def pack_token_batches(units, groups, shares_of: Callable, tokenizer, pack_cfg: PackingConfig,
-                       contextual_encoding: bool) -> List[List[Dict[str, np.ndarray]]]:
-  """Pack every micro-batch's per-device shares, all padded to one shape (one compile).
+                       contextual_encoding: bool) -> StreamedBatches:
+  """Every micro-batch's per-device shares, all padded to one shape (one compile), streamed.
+
+  A first pass packs each share of this process only to learn its shape and keeps nothing but
+  the shape; the micro-batches are packed again, on demand, when the trainer reaches them
+  (host memory O(one micro-batch), at the price of tokenising the process's shard twice).
 
   Args:
     units: training units.
@@ -145,18 +173,22 @@ def pack_token_batches(units, groups, shares_of: Callable, tokenizer, pack_cfg: 
     [micro-batch][device share] packed dicts of one shape (the maximum over the run and, in a
     multi-host run, over every process); a device without units gets an inert share.
   """
-  packed, shapes = [], []
-  for g in groups:
-    mb = [data_lib.pack_units([units[i] for i in s], tokenizer, pack_cfg, contextual_encoding)
-          if s else None for s in shares_of(g)]
-    packed.append(mb)
-    shapes += [data_lib.batch_shape(b) for b in mb if b is not None]
+  shapes = [data_lib.batch_shape(data_lib.pack_units([units[i] for i in s], tokenizer,
+                                                     pack_cfg, contextual_encoding))
+            for g in groups for s in shares_of(g) if s]
   shape = data_lib.max_shape(shapes)
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
     shape = tuple(int(x) for x in np.max(multihost_utils.process_allgather(np.asarray(shape)), 0))
-  return [[data_lib.pad_batch(b, shape) if b is not None else data_lib.empty_batch(shape)
-           for b in mb] for mb in packed]
+  # Its own tokenizer: the prefetch thread packs while the main thread may pack validation
+  # batches, and a HF fast tokenizer is not safe to drive from two threads at once.
+  tok = copy.deepcopy(tokenizer)
+
+  def make(i):
+    return [data_lib.pad_batch(data_lib.pack_units([units[j] for j in s], tok, pack_cfg,
+                                                   contextual_encoding), shape)
+            if s else data_lib.empty_batch(shape) for s in shares_of(groups[i])]
+  return StreamedBatches(len(groups), make)
 
 
 def _cross_passage_term(local_logit, batch, per: int):

@@ -5,14 +5,17 @@ evaluation, export) is a method of the stage object `stages.make_stage` picks on
 trains the encoder and heads (eq 19-22), "global" the GAT over the frozen local model's cached
 outputs (eq 23).
 
-Data order: units are grouped into global micro-batches once (seeded shuffle), packed once, and
-each epoch visits the micro-batches in a seeded permutation. The micro-step counter alone
-therefore fixes the data position, which is what makes a resumed run identical to an
-uninterrupted one. A micro-batch is split into contiguous per-device shares; the loss divides
+Data order: units are grouped into global micro-batches once (seeded shuffle) and each epoch
+visits the micro-batches in a seeded permutation, so the micro-step counter alone fixes the
+data position. The batches stream: a Grain data iterator over the micro-steps (`data_iterator`)
+packs each process's shares of the next steps on a worker thread while the devices train,
+and its state (`get_state()`) is saved in every checkpoint's meta and restored on resume,
+which is what makes a resumed run identical to an uninterrupted one. A micro-batch is split into contiguous per-device shares; the loss divides
 sums by counts summed over all devices (`step.global_mean_loss`), so the result does not depend
 on the number of devices or hosts.
 """
 
+import functools
 import json
 import math
 import os
@@ -144,6 +147,31 @@ def _last_logged(log_path: str):
   return loss, val
 
 
+def data_iterator(batches, num_mb: int, total_micro: int, seed: int, state=None):
+  """Grain iterator of {"step", "micro_batch", "shares"} over micro-steps 0..total_micro-1.
+
+  Step s is micro-batch `permutation(seed + 1 + epoch)[s % num_mb]` of epoch s // num_mb; its
+  shares are `batches[micro_batch]` (built on demand for streamed batches). One worker thread
+  prefetches two steps ahead. `state` (a checkpoint's `get_state()`) resumes it exactly.
+  """
+  import grain  # pylint: disable=g-import-not-at-top
+
+  @functools.lru_cache(maxsize=2)
+  def order(epoch):
+    return np.random.RandomState(seed + 1 + epoch).permutation(num_mb)
+
+  def step_batch(s):
+    epoch, idx = divmod(int(s), num_mb)
+    mb = int(order(epoch)[idx])
+    return {"step": int(s), "micro_batch": mb, "shares": batches[mb]}
+
+  ds = grain.MapDataset.range(total_micro).map(step_batch)
+  it = iter(ds.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=2)))
+  if state is not None:
+    it.set_state(state)
+  return it
+
+
 def _check_workdir_writable(workdir: str) -> None:
   """Create `workdir` and prove it writable now, not after hours of training at the first save."""
   try:
@@ -210,12 +238,18 @@ def train_and_evaluate(config, workdir: str) -> Dict[str, Any]:
   with Checkpointer(workdir, max_to_keep=config.max_to_keep,
                     best_metric=config.best_metric if val_units else None) as ckpt:
     signature = _resume_signature(config)
+    data_state = None
     if ckpt.latest_step() is not None:
       state, meta = ckpt.restore(state)
       changed = {k: (meta["signature"].get(k), v) for k, v in signature.items()
                  if meta["signature"].get(k) != v}
       if changed:
         raise ConfigError(f"cannot resume {workdir}: config changed since the checkpoint: {changed}")
+      data_state = meta.get("data_iterator")
+      if data_state is not None and data_state.get("next_index") != int(state.step):
+        raise CheckpointError(
+            f"cannot resume {workdir}: checkpoint step {int(state.step)} but its data iterator "
+            f"is at micro-step {data_state.get('next_index')}")
 
     run, place_state, take_state, mesh = _runner(loss_fn, coefs, tx, config.parallel, devices)
     dstate = place_state(state)
@@ -239,10 +273,14 @@ def train_and_evaluate(config, workdir: str) -> Dict[str, Any]:
     bar = tqdm(total=total_micro, initial=start, disable=not config.progress_bar or proc != 0,
                desc=f"{config.stage} stage", mininterval=2.0)
     window_t, window_tokens, window_units = time.time(), 0, 0
+    # An older checkpoint has no iterator state; its step is the data position all the same.
+    data = data_iterator(batches, num_mb, total_micro, config.seed,
+                         data_state if data_state is not None else {"next_index": start})
     for s in range(start, total_micro):
-      epoch, idx = divmod(s, num_mb)
-      order = np.random.RandomState(config.seed + 1 + epoch).permutation(num_mb)
-      shares = batches[order[idx]]
+      item = next(data)
+      if item["step"] != s:  # the iterator and the step counter move together, or nothing runs
+        raise CheckpointError(f"data iterator at micro-step {item['step']}, training at {s}")
+      epoch, shares = s // num_mb, item["shares"]
       dstate, metrics = run(dstate, _place(shares, config.parallel, mesh))
       if config.parallel == "pmap":
         metrics = take_state(metrics)  # identical on every device
@@ -253,7 +291,7 @@ def train_and_evaluate(config, workdir: str) -> Dict[str, Any]:
             f"checkpoint is step {ckpt.latest_step()} in {workdir}/checkpoints")
       last_loss = metrics["loss"]
       window_tokens += sum(int(b.get("real_tokens", 0)) for b in shares)
-      window_units += len(groups[order[idx]])
+      window_units += len(groups[item["micro_batch"]])
       bar.update(1)
       done = s + 1
       if done % config.log_every_steps == 0 or done == total_micro:
@@ -273,7 +311,8 @@ def train_and_evaluate(config, workdir: str) -> Dict[str, Any]:
                                         done % config.checkpoint_every_steps == 0)
       if do_eval or do_ckpt:
         host_state = jax.device_get(take_state(dstate))
-        meta = {"step": done, "epoch": epoch, "signature": signature}
+        meta = {"step": done, "epoch": epoch, "signature": signature,
+                "data_iterator": data.get_state()}
         if do_eval:
           val = eval_fn(host_state.params)
           write({"event": "val", "step": done, "epoch": epoch, **val})
