@@ -34,6 +34,7 @@ from logrerank_jax.data.sentences import split_sentence_texts
 from logrerank_jax.data.tokenization import train_wordpiece_tokenizer
 from logrerank_jax.errors import ConfigError, DataError, LogRerankError
 import logrerank_jax
+from logrerank_jax import inference
 from logrerank_jax import losses
 from logrerank_jax.models import log_reranker as lr
 from logrerank_jax.models import modernbert as mb
@@ -451,8 +452,10 @@ def engine_rerank(reranker, pool: dict, k: Optional[int]) -> dict:
 def packing_suite(pools: Sequence[dict], tokenizer, row_len: int = 1024,
                   num_passages: Optional[int] = None,
                   row_buckets: Optional[Sequence[int]] = None,
-                  queries_per_batch: int = 1) -> Dict[str, Any]:
+                  queries_per_batch: int = 1, engine: bool = True) -> Dict[str, Any]:
   """Padding efficiency (real / computed tokens) of our packing vs pad-to-longest and pad-to-1024.
+
+  With `engine`, also the inference engine's own padding with its defaults (`engine_padding`).
 
   Queries are packed `queries_per_batch` at a time (1: one query per call, the latency case);
   pad-to-longest pads every (query, passage) sequence of a batch to that batch's longest one.
@@ -487,6 +490,35 @@ def packing_suite(pools: Sequence[dict], tokenizer, row_len: int = 1024,
   out["real_tokens"] = tot["real"]
   out["pad_to_longest_efficiency"] = tot["real"] / tot["longest"]
   out[f"pad_to_{row_len}_efficiency"] = tot["real"] / tot["fixed"]
+  if engine:
+    out["engine"] = engine_padding(pools, tokenizer, row_len, num_passages)
+  return out
+
+
+def engine_padding(pools: Sequence[dict], tokenizer, row_len: int = 1024,
+                   num_passages: Optional[int] = None) -> Dict[str, Any]:
+  """Padding of the inference engine with every default (its row buckets, call planner and
+  chunks), host work only (`Reranker.padding_plan`), for 1, 4 and all queries per rerank call.
+  The engine needs params to exist; packing does not depend on them (a random tiny model)."""
+  cfg = lr.LoGConfig.tiny(vocab_size=len(tokenizer))
+  enc = cfg.local.encoder.replace(
+      max_position_embeddings=max(row_len, cfg.local.encoder.max_position_embeddings))
+  cfg = dataclasses.replace(cfg, local=dataclasses.replace(cfg.local, encoder=enc))
+  ex, _ = pack_queries([QueryInput("q", [["a b", "c"]])], tokenizer, PackingConfig(row_len=128))
+  params = jax.jit(lambda k: lr.init_params(cfg, ex, k))(jax.random.PRNGKey(0))
+  rr = logrerank_jax.Reranker(params, cfg, tokenizer,
+                              packing=inference.default_packing_config(cfg, row_len=row_len))
+  pools = [_truncate(p, num_passages) for p in pools]
+  out: Dict[str, Any] = {"row_buckets": list(rr.packing.row_buckets)}
+  for key, per in (("1", 1), ("4", 4), ("all", max(len(pools), 1))):
+    real = computed = 0
+    shapes = set()
+    for i in range(0, len(pools), per):
+      plan = rr.padding_plan(pools[i:i + per])
+      real, computed = real + plan["real_tokens"], computed + plan["computed_tokens"]
+      shapes |= {tuple(x) for x in plan["shapes"]}
+    out[f"queries_per_call_{key}"] = {"padding_efficiency": real / computed,
+                                      "distinct_shapes": len(shapes)}
   return out
 
 

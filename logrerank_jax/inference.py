@@ -308,6 +308,25 @@ class Reranker:
                 local_calls=t["local_calls"], inert_calls=t["inert_calls"],
                 padding_efficiency=t["real"] / t["computed"] if t["computed"] else None)
 
+  def padding_plan(self, records: Iterable[Any]) -> dict:
+    """Host work only: plan and pack the local calls of `records` exactly as `rerank_records`
+    would (same chunks, same planner, same buckets) and report the padding, without running
+    the model: `local_calls`, `real_tokens`, `computed_tokens` (rows x row_len of each call),
+    `padding_efficiency` and the distinct call `shapes` (rows, row_len). Records that do not
+    parse are left out (as they would be errors)."""
+    recs = [ln.record for ln in self._lines(records) if isinstance(ln.record, InferenceRecord)]
+    real = computed = calls = 0
+    shapes = set()
+    for start in range(0, len(recs), self.chunk_records):
+      for arrays, (_, _, info) in self._local_jobs(recs[start:start + self.chunk_records]):
+        real += info.real_tokens
+        computed += int(np.prod(arrays["input_ids"].shape))
+        shapes.add(tuple(arrays["input_ids"].shape))
+        calls += 1
+    return {"local_calls": calls, "real_tokens": real, "computed_tokens": computed,
+            "padding_efficiency": real / computed if computed else None,
+            "shapes": sorted(shapes)}
+
   def _executable(self, stage: str, stacked: dict):
     """The compiled executable of a stage for these stacked shapes (compiled once, counted)."""
     key = (stage,) + tuple((k, v.shape, str(v.dtype)) for k, v in sorted(stacked.items()))

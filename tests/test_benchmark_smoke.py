@@ -116,6 +116,11 @@ def test_packing_suite_orders_schemes(pools, tokenizer):
   assert out["packed_fine_buckets_efficiency"] == pytest.approx(out["packed_rows_used_efficiency"])
   assert out["packed_efficiency"] <= out["packed_fine_buckets_efficiency"]
   assert out["pad_to_128_efficiency"] <= out["pad_to_longest_efficiency"]
+  # The engine's own padding (defaults, host-only plan): more queries per call pack no worse
+  # here, and every figure is a real fraction.
+  eng = out["engine"]
+  effs = [eng[f"queries_per_call_{k}"]["padding_efficiency"] for k in ("1", "4", "all")]
+  assert all(0 < e <= 1 for e in effs) and eng["row_buckets"][-1] == 128
 
 
 def test_recompile_suite_no_recompilation_after_warmup(pools, tokenizer):

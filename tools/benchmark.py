@@ -145,7 +145,12 @@ def main(argv=None):
       results[suite] = bm.packing_suite(get_pools(), tokenizer, bm.row_len_for(args.size),
                                         row_buckets=fine)
       results[suite]["batched_4_queries"] = bm.packing_suite(
-          get_pools(), tokenizer, bm.row_len_for(args.size), row_buckets=fine, queries_per_batch=4)
+          get_pools(), tokenizer, bm.row_len_for(args.size), row_buckets=fine, queries_per_batch=4,
+          engine=False)
+      eng = results[suite]["engine"]
+      print("packing: engine defaults, padding efficiency at 1 / 4 / all queries per call: "
+            + " / ".join(f"{eng[k]['padding_efficiency']:.3f}" for k in
+                         ("queries_per_call_1", "queries_per_call_4", "queries_per_call_all")))
     elif suite in ENCODER_SUITES:
       results[suite] = encoder_child(suite, args, threads)
     elif suite == "pipeline":
