@@ -103,6 +103,9 @@ def test_pipeline_suite_tiny(pools, tokenizer):
   for k in ("split", "pack", "host", "encoder", "global", "log_staged", "ce", "engine"):
     assert out[k]["n"] == len(pools) and 0 < out[k]["p50"] <= out[k]["p95"], k
   assert out["log_vs_ce_p50"] > 0 and out["engine_vs_ce_p50"] > 0
+  assert out["engine_queries_per_s"] == pytest.approx(1.0 / out["engine"]["mean"])
+  host = out["host_ms_per_query"]
+  assert host["host"] == pytest.approx(host["split"] + host["pack"], rel=1e-6) and host["split"] > 0
   assert sum(out["time_split"].values()) == pytest.approx(1.0)
   assert out["nodes_per_query"] > len(pools[0]["ctxs"]) - 1
 
