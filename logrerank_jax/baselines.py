@@ -100,7 +100,7 @@ class CrossEncoder:
     self.cfg, self.tokenizer = cfg, tokenizer
     # BERT reads token types (0 query, 1 passage) unless its family has one type (RoBERTa).
     self.uses_token_types = isinstance(cfg, BertConfig) and cfg.type_vocab_size > 1
-    positions = cfg.max_positions if isinstance(cfg, BertConfig) else cfg.max_position_embeddings
+    positions = cfg.max_positions
     self.max_len = min(int(max_len), positions)
     self.batch_size = int(batch_size)
     self.buckets = tuple(sorted({b for b in length_buckets if b < self.max_len} | {self.max_len}))

@@ -246,6 +246,35 @@ def test_local_then_global_stage_from_minilm_then_rerank(minilm_path, tmp_path):
   assert all(np.isfinite(scores)) and scores == sorted(scores, reverse=True)
 
 
+@pytest.mark.parametrize("stage", ["local", "passage"])
+def test_rows_longer_than_the_encoder_positions_are_refused(minilm_path, tmp_path, stage):
+  """MiniLM has 512 positions: a 1,024-token row would index past the position table (XLA
+  clamps the gather silently), so the stage refuses it by name before any work."""
+  from logrerank_jax.training import stages
+  (tmp_path / "train.jsonl").write_text((DEMO / "train.jsonl").read_text().splitlines()[0] + "\n")
+  config = _stage_config(stage, init_checkpoint=minilm_path, max_seq_len=1024,
+                         train_file=str(tmp_path / "train.jsonl"))
+  records = [json.loads(ln) for ln in (tmp_path / "train.jsonl").read_text().splitlines()]
+  from logrerank_jax.data.records import parse_training_record
+  with pytest.raises(ConfigError, match="max_seq_len=1024 exceeds the 512 positions"):
+    stages.make_stage(config, str(tmp_path / "wd"), [parse_training_record(r) for r in records])
+
+
+def test_inference_rows_follow_the_positions_of_a_roberta_layout():
+  """RoBERTa stores 514 position embeddings for 512 positions (offset pad_token_id + 1): the
+  default inference row is 512 tokens, not 514."""
+  from logrerank_jax.inference import default_packing_config
+  enc = BertConfig.from_hf({"model_type": "roberta", "vocab_size": 100, "hidden_size": 32,
+                            "num_hidden_layers": 1, "num_attention_heads": 2,
+                            "intermediate_size": 64, "max_position_embeddings": 514,
+                            "pad_token_id": 1, "type_vocab_size": 1})
+  assert (enc.position_offset, enc.max_positions) == (2, 512)
+  cfg = LoGConfig.from_encoder(enc)
+  assert default_packing_config(cfg).row_len == 512
+  assert default_packing_config(cfg, row_len=256).row_len == 256
+  assert default_packing_config(LoGConfig.tiny()).row_len == 1024  # ModernBERT: its own table
+
+
 # ---------------------------------------------------------------------------------------------
 # Passage cross-encoder from a BertForSequenceClassification folder.
 

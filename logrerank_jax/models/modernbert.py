@@ -178,6 +178,11 @@ class ModernBertConfig:
     """Half window: a key is visible iff its distance to the query is <= this."""
     return self.local_attention // 2
 
+  @property
+  def max_positions(self) -> int:
+    """Longest position id (exclusive) a segment may use (as `BertConfig.max_positions`)."""
+    return self.max_position_embeddings
+
   def replace(self, **changes) -> "ModernBertConfig":
     """Return a copy with some fields changed (validated again)."""
     return dataclasses.replace(self, **changes)

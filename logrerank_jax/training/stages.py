@@ -68,8 +68,15 @@ def build_model_config(config, vocab_size: int) -> lr.LoGConfig:
   return cfg
 
 
-def packing_config(config) -> PackingConfig:
-  """Return the packer settings of a training config."""
+def packing_config(config, cfg: Optional[lr.LoGConfig] = None) -> PackingConfig:
+  """Return the packer settings of a training config (checked against the model's encoder).
+
+  A row longer than the encoder's positions would index past its position table (a gather
+  that XLA clamps without a word), so it is a ConfigError naming both numbers."""
+  if cfg is not None and config.max_seq_len > cfg.local.encoder.max_positions:
+    raise ConfigError(
+        f"config.max_seq_len={config.max_seq_len} exceeds the {cfg.local.encoder.max_positions} "
+        "positions of the encoder; set --config.max_seq_len to at most that")
   return PackingConfig(row_len=config.max_seq_len, max_query_tokens=config.max_query_tokens)
 
 
@@ -219,7 +226,7 @@ class LocalStage:
     if config.init_checkpoint:
       cfg = with_hf_encoder(cfg, config.init_checkpoint)
     self.cfg = cfg
-    self.pack_cfg = packing_config(config)
+    self.pack_cfg = packing_config(config, cfg)
     self.units = data_lib.local_units(records)
     self.cache_info: Dict[str, Any] = {}
 
@@ -342,7 +349,7 @@ class GlobalStage:
     self.config = config
     self.workdir = workdir
     self.frozen_local = jax.tree_util.tree_map(jnp.asarray, local_params["local"])
-    self.pack_cfg = packing_config(config)
+    self.pack_cfg = packing_config(config, self.cfg)
     self.units = data_lib.query_units(records)
     self.cache_info: Dict[str, Any] = {}
     self.fp_base: Optional[str] = None  # identifies the frozen model's cached features
@@ -463,6 +470,10 @@ class PassageStage:
     enc = encoder_config_from_hf(config.init_checkpoint)
     if encoder_family(enc) != "bert":
       raise ConfigError("the passage stage supports BERT-family checkpoints only")
+    if config.max_seq_len > enc.max_positions:
+      raise ConfigError(f"config.max_seq_len={config.max_seq_len} exceeds the "
+                        f"{enc.max_positions} positions of the encoder; set "
+                        "--config.max_seq_len to at most that")
     self.cfg = enc.replace(num_labels=1)
     self.units = data_lib.query_units(records)
     self.cache_info: Dict[str, Any] = {}
