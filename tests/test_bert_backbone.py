@@ -255,9 +255,25 @@ def test_rows_longer_than_the_encoder_positions_are_refused(minilm_path, tmp_pat
   config = _stage_config(stage, init_checkpoint=minilm_path, max_seq_len=1024,
                          train_file=str(tmp_path / "train.jsonl"))
   records = [json.loads(ln) for ln in (tmp_path / "train.jsonl").read_text().splitlines()]
-  from logrerank_jax.data.records import parse_training_record
+  from logrerank_jax.data.records import parse_training_record  # pylint: disable=g-import-not-at-top
   with pytest.raises(ConfigError, match="max_seq_len=1024 exceeds the 512 positions"):
     stages.make_stage(config, str(tmp_path / "wd"), [parse_training_record(r) for r in records])
+
+
+def test_tokenizer_larger_than_the_encoder_vocabulary_is_refused(minilm_path, tmp_path):
+  """A 30,522-token tokenizer with a 1,000-token encoder: ids past the embedding table would be
+  clamped by XLA's gather, so the local stage refuses the pair by name."""
+  from logrerank_jax.data.records import parse_training_record
+  from logrerank_jax.training import stages
+  small = tmp_path / "small_vocab"
+  small.mkdir()
+  hf = json.loads((pathlib.Path(minilm_path) / "config.json").read_text())
+  (small / "config.json").write_text(json.dumps(dict(hf, vocab_size=1000)))
+  line = (DEMO / "train.jsonl").read_text().splitlines()[0]
+  config = _stage_config("local", init_checkpoint=str(small), tokenizer=minilm_path,
+                         max_seq_len=256, train_file="unused")
+  with pytest.raises(ConfigError, match="tokenizer has 30522 tokens but the encoder of"):
+    stages.make_stage(config, str(tmp_path / "wd"), [parse_training_record(json.loads(line))])
 
 
 def test_inference_rows_follow_the_positions_of_a_roberta_layout():

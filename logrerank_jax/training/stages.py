@@ -225,6 +225,12 @@ class LocalStage:
     cfg = build_model_config(config, len(self.tokenizer))
     if config.init_checkpoint:
       cfg = with_hf_encoder(cfg, config.init_checkpoint)
+      # Token ids past the embedding table would be clamped by XLA's gather, not refused.
+      if len(self.tokenizer) > cfg.local.encoder.vocab_size:
+        raise ConfigError(
+            f"tokenizer has {len(self.tokenizer)} tokens but the encoder of "
+            f"config.init_checkpoint={config.init_checkpoint} only "
+            f"{cfg.local.encoder.vocab_size}; use that folder's tokenizer")
     self.cfg = cfg
     self.pack_cfg = packing_config(config, cfg)
     self.units = data_lib.local_units(records)
