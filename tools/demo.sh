@@ -5,8 +5,8 @@
 # on the shipped PubMedQA-derived demo data, reranks the held-out test queries as 50-passage
 # pools and prints one Recall/MAP/nDCG@10 table: BM25, zero-shot MiniLM bi-encoder, the
 # fine-tuned passage cross-encoder, LoG local-only, LoG. Seeded: the same figures every run.
-# Time: about 1,300 CPU-seconds measured (README); roughly 11-20 min on 2 free CPU cores (estimated,
-# not measured idle), far longer on a loaded machine.
+# Time: 13 min wall on 2 idle CPU cores, installs included (measured; README), far longer on a
+# loaded machine.
 #   bash tools/demo.sh [RUN_DIR]        (default: runs/demo; an existing run is resumed)
 set -euo pipefail
 cd "$(dirname "$0")/.."
