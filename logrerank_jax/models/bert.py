@@ -30,12 +30,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from logrerank_jax.errors import ConfigError, LogRerankError
+from logrerank_jax.models.hf_common import ACTIVATIONS, get_activation, read_hf_config
 from logrerank_jax.models.modernbert import (
-    _ACTIVATIONS,
     LayerNorm,
-    _read_hf_dict,
     default_segments_and_positions,
-    get_activation,
     pool_segments,
     reference_attention,
 )
@@ -84,9 +82,9 @@ class BertConfig:
     if self.hidden_size % self.num_attention_heads:
       raise ConfigError(f"BertConfig.hidden_size ({self.hidden_size}) is not a multiple of "
                         f"num_attention_heads ({self.num_attention_heads})")
-    if self.hidden_act not in _ACTIVATIONS:
+    if self.hidden_act not in ACTIVATIONS:
       raise ConfigError(f"BertConfig.hidden_act {self.hidden_act!r} is not supported; expected "
-                        f"one of {sorted(_ACTIVATIONS)}")
+                        f"one of {sorted(ACTIVATIONS)}")
     if self.model_type not in _MODEL_TYPES:
       raise ConfigError(f"BertConfig.model_type must be one of {sorted(_MODEL_TYPES)}, "
                         f"got {self.model_type!r}")
@@ -146,7 +144,7 @@ class BertConfig:
       The config. Unknown HF keys are ignored; missing shape keys, a non-absolute
       `position_embedding_type` or a decoder / cross-attention config raise `ConfigError`.
     """
-    hf = _read_hf_dict(path_or_dict)
+    hf = read_hf_config(path_or_dict)
     model_type = hf.get("model_type", "bert")
     if model_type not in _MODEL_TYPES:
       raise ConfigError(f"HF config model_type is {model_type!r}, expected one of "

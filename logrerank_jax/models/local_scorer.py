@@ -57,7 +57,8 @@ import jax.numpy as jnp
 from logrerank_jax.errors import ConfigError
 from logrerank_jax.schema import NUM_ROLES, SPAN_SENTENCE, TOKEN_KEYS
 from logrerank_jax.models.bert import BertConfig, BertEncoder
-from logrerank_jax.models.modernbert import ModernBertConfig, ModernBertEncoder, _read_hf_dict
+from logrerank_jax.models.hf_common import read_hf_config
+from logrerank_jax.models.modernbert import ModernBertConfig, ModernBertEncoder
 
 # Encoder family name -> its config class (the name is what model_config.json records).
 ENCODER_FAMILIES = {"modernbert": ModernBertConfig, "bert": BertConfig}
@@ -81,7 +82,7 @@ def hf_encoder_family(path_or_dict: Union[str, os.PathLike, Mapping[str, Any]]) 
   A sentence-transformers folder has config.json at its root, so it is read like any HF folder.
   A config without `model_type` is ModernBERT (as `ModernBertConfig.from_hf` has always read it).
   """
-  model_type = _read_hf_dict(path_or_dict).get("model_type", "modernbert")
+  model_type = read_hf_config(path_or_dict).get("model_type", "modernbert")
   for name, types in _HF_MODEL_TYPES.items():
     if model_type in types:
       return name
@@ -98,7 +99,7 @@ def encoder_config_from_hf(path_or_dict: Union[str, os.PathLike, Mapping[str, An
     path_or_dict: a config.json path, a folder holding one, or its parsed dict.
     **overrides: fields to replace (e.g. `dtype`).
   """
-  hf = _read_hf_dict(path_or_dict)
+  hf = read_hf_config(path_or_dict)
   return ENCODER_FAMILIES[hf_encoder_family(hf)].from_hf(hf, **overrides)
 
 # Per-span outputs that are scattered to graph nodes.

@@ -12,9 +12,8 @@ Param tree (contract C1; torch `Linear.weight [out, in]` is flax `kernel [in, ou
 """
 
 import dataclasses
-import json
 import os
-from typing import Any, Callable, Mapping, Optional, Tuple, Union
+from typing import Any, Mapping, Optional, Tuple, Union
 
 import flax.linen as nn
 import jax
@@ -22,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from logrerank_jax.errors import ConfigError, LogRerankError
+from logrerank_jax.models.hf_common import ACTIVATIONS, get_activation, read_hf_config
 
 FULL_ATTENTION = "full_attention"
 SLIDING_ATTENTION = "sliding_attention"
@@ -29,36 +29,9 @@ _LAYER_TYPES = (FULL_ATTENTION, SLIDING_ATTENTION)
 _POOLINGS = ("cls", "mean")
 _ATTENTION_IMPLS = ("xla", "blocked", "tiled")
 
-# Activation names as transformers' ACT2FN spells them; "gelu" there is the exact (erf) GELU.
-_ACTIVATIONS = {
-    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
-    "gelu_python": lambda x: jax.nn.gelu(x, approximate=False),
-    "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),
-    "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
-    "silu": jax.nn.silu,
-    "swish": jax.nn.silu,
-    "relu": jax.nn.relu,
-    "tanh": jnp.tanh,
-}
-
 # Fields a HF config.json must state: they fix the parameter shapes, so a default would be a guess.
 _REQUIRED_HF_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                      "num_attention_heads")
-
-
-def get_activation(name: str) -> Callable[[jax.Array], jax.Array]:
-  """Return the activation function for a transformers ACT2FN name.
-
-  Args:
-    name: e.g. "gelu" (exact erf GELU), "gelu_new"/"gelu_pytorch_tanh" (tanh approximation),
-      "silu", "relu".
-
-  Returns:
-    An elementwise function.
-  """
-  if name not in _ACTIVATIONS:
-    raise ConfigError(f"unsupported activation {name!r}; expected one of {sorted(_ACTIVATIONS)}")
-  return _ACTIVATIONS[name]
 
 
 def _layer_types_every_n(num_layers: int, every_n: int) -> Tuple[str, ...]:
@@ -124,9 +97,9 @@ class ModernBertConfig:
       raise ConfigError("ModernBertConfig: head_dim must be even for rotary embeddings, got "
                         f"{self.hidden_size // self.num_attention_heads}")
     for key in ("hidden_activation", "classifier_activation"):
-      if getattr(self, key) not in _ACTIVATIONS:
+      if getattr(self, key) not in ACTIVATIONS:
         raise ConfigError(f"ModernBertConfig.{key} {getattr(self, key)!r} is not supported; "
-                          f"expected one of {sorted(_ACTIVATIONS)}")
+                          f"expected one of {sorted(ACTIVATIONS)}")
     for key in ("attention_dropout", "embedding_dropout", "mlp_dropout", "classifier_dropout"):
       value = getattr(self, key)
       if not isinstance(value, (int, float, np.floating)) or not 0.0 <= float(value) < 1.0:
@@ -200,7 +173,7 @@ class ModernBertConfig:
       The config. Unknown HF keys are ignored; missing shape keys or unsupported values raise
       `ConfigError` naming the key.
     """
-    hf = _read_hf_dict(path_or_dict)
+    hf = read_hf_config(path_or_dict)
     model_type = hf.get("model_type", "modernbert")
     if model_type != "modernbert":
       raise ConfigError(f"HF config model_type is {model_type!r}, expected 'modernbert'")
@@ -254,25 +227,6 @@ class ModernBertConfig:
         continue
       d[f.name] = getattr(self, f.name)
     return d
-
-
-def _read_hf_dict(path_or_dict) -> dict:
-  """Return the HF config as a dict from a dict, a config.json path, or its folder."""
-  if isinstance(path_or_dict, Mapping):
-    return dict(path_or_dict)
-  path = os.fspath(path_or_dict)
-  if os.path.isdir(path):
-    path = os.path.join(path, "config.json")
-  if not os.path.isfile(path):
-    raise ConfigError(f"no HF config file at {path}")
-  try:
-    with open(path, encoding="utf-8") as f:
-      hf = json.load(f)
-  except json.JSONDecodeError as e:
-    raise ConfigError(f"HF config {path} is not valid JSON: {e}") from e
-  if not isinstance(hf, dict):
-    raise ConfigError(f"HF config {path} does not hold a JSON object")
-  return hf
 
 
 def _rope_thetas(hf: Mapping[str, Any]) -> dict:
