@@ -30,7 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from logrerank_jax.errors import ConfigError, LogRerankError
-from logrerank_jax.models.hf_common import ACTIVATIONS, get_activation, read_hf_config
+from logrerank_jax.models.hf_common import (ACTIVATIONS, get_activation, init_module_params,
+                                            read_hf_config)
 from logrerank_jax.models.modernbert import (
     LayerNorm,
     default_segments_and_positions,
@@ -368,6 +369,4 @@ def init_params(cfg: BertConfig, rng: jax.Array, classifier: bool = False,
   Returns:
     The param tree (without the "params" collection wrapper).
   """
-  module = BertSequenceClassifier(cfg) if classifier else BertEncoder(cfg)
-  ids = jnp.zeros((1, seq_len), jnp.int32)
-  return jax.jit(lambda r: module.init(r, ids, jnp.ones_like(ids))["params"])(rng)
+  return init_module_params(BertSequenceClassifier(cfg) if classifier else BertEncoder(cfg), rng, seq_len)

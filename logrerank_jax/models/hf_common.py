@@ -1,8 +1,9 @@
-"""What the Flax encoders share about transformers' configs: activation names, config.json.
+"""What the Flax encoder families share: activation names, config.json, param init.
 
 `ModernBertConfig.from_hf` and `BertConfig.from_hf` (and `local_scorer`'s family dispatch) read
 a HF config through `read_hf_config` and map `hidden_act` / `hidden_activation` names through
-`ACTIVATIONS`, so both families spell and check them the same way.
+`ACTIVATIONS`, so both families spell and check them the same way; both `init_params` build
+their trees with `init_module_params`.
 """
 
 import json
@@ -59,3 +60,10 @@ def read_hf_config(path_or_dict) -> dict:
   if not isinstance(hf, dict):
     raise ConfigError(f"HF config {path} does not hold a JSON object")
   return hf
+
+
+def init_module_params(module, rng: jax.Array, seq_len: int = 8) -> dict:
+  """Initialise an encoder or classifier module on a dummy [1, seq_len] batch, jitted (eager
+  flax init is several times slower on CPU); returns the tree without the "params" wrapper."""
+  ids = jnp.zeros((1, seq_len), jnp.int32)
+  return jax.jit(lambda r: module.init(r, ids, jnp.ones_like(ids))["params"])(rng)

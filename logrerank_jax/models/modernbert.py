@@ -21,7 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from logrerank_jax.errors import ConfigError, LogRerankError
-from logrerank_jax.models.hf_common import ACTIVATIONS, get_activation, read_hf_config
+from logrerank_jax.models.hf_common import (ACTIVATIONS, get_activation, init_module_params,
+                                            read_hf_config)
 
 FULL_ATTENTION = "full_attention"
 SLIDING_ATTENTION = "sliding_attention"
@@ -750,6 +751,4 @@ def init_params(cfg: ModernBertConfig, rng: jax.Array, classifier: bool = False,
   Returns:
     The param tree (without the "params" collection wrapper).
   """
-  module = ModernBertSequenceClassifier(cfg) if classifier else ModernBertEncoder(cfg)
-  ids = jnp.zeros((1, seq_len), jnp.int32)
-  return jax.jit(lambda r: module.init(r, ids, jnp.ones_like(ids))["params"])(rng)
+  return init_module_params(ModernBertSequenceClassifier(cfg) if classifier else ModernBertEncoder(cfg), rng, seq_len)
