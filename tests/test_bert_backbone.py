@@ -35,6 +35,7 @@ from logrerank_jax.models.local_scorer import (LocalScorer, encoder_config_from_
                                                pair_token_types, score_batch)
 from logrerank_jax.models.log_reranker import LoGConfig, count_params
 from logrerank_jax.models.modernbert import ModernBertConfig
+from torch_init import randomise_normal as _randomise
 
 transformers.logging.set_verbosity_error()
 
@@ -294,19 +295,6 @@ def test_inference_rows_follow_the_positions_of_a_roberta_layout():
 # ---------------------------------------------------------------------------------------------
 # Passage cross-encoder from a BertForSequenceClassification folder.
 
-def _randomise(model, seed):
-  """Random weights (std 0.15, LayerNorm around 1), as tests/test_bert_parity.py's tiny models."""
-  gen = torch.Generator().manual_seed(seed)
-  with torch.no_grad():
-    for name, p in model.named_parameters():
-      noise = torch.randn(p.shape, generator=gen)
-      if "LayerNorm" in name and name.endswith("weight"):
-        p.copy_(1.0 + 0.2 * noise)
-      elif name.endswith("bias"):
-        p.copy_(0.1 * noise)
-      else:
-        p.copy_(0.15 * noise)
-  return model.eval()
 
 
 @pytest.fixture(scope="module")

@@ -29,6 +29,7 @@ import transformers
 
 from logrerank_jax.convert import bert_params_from_torch, load_torch_state_dict
 from logrerank_jax.models import bert as mbert
+from torch_init import randomise_normal as _randomise
 
 logging.getLogger("transformers").setLevel(logging.ERROR)
 transformers.logging.set_verbosity_error()
@@ -182,23 +183,6 @@ def _hf_bert_config(**overrides):
   return transformers.BertConfig(**kwargs)
 
 
-def _randomise(model, seed):
-  """Give every torch parameter random values: LayerNorm weights around 1, the rest around 0.
-
-  Weight std 0.15 keeps pre-activations and attention logits O(1), as in trained models (see
-  the tolerance note in the module docstring).
-  """
-  gen = torch.Generator().manual_seed(seed)
-  with torch.no_grad():
-    for name, p in model.named_parameters():
-      noise = torch.randn(p.shape, generator=gen)
-      if "LayerNorm" in name and name.endswith("weight"):
-        p.copy_(1.0 + 0.2 * noise)
-      elif name.endswith("bias"):
-        p.copy_(0.1 * noise)
-      else:
-        p.copy_(0.15 * noise)
-  return model.eval()
 
 
 def _tiny(seed=1, model_cls=transformers.BertModel, **overrides):

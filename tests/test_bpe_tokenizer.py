@@ -25,6 +25,7 @@ from logrerank_jax.data.packing import QueryInput, pack_queries
 from logrerank_jax.data.tokenization import load_tokenizer
 from logrerank_jax.models import log_reranker as lr
 from logrerank_jax.models.model_folder import save_model
+from torch_init import randomise_uniform_norms as _randomise
 
 logging.getLogger("transformers").setLevel(logging.ERROR)
 transformers.logging.set_verbosity_error()
@@ -87,18 +88,6 @@ def build_bpe_tokenizer(texts):
       sep_token="[SEP]", mask_token="[MASK]", model_input_names=["input_ids", "attention_mask"])
 
 
-def _randomise(model, seed):
-  """Non-trivial weights: norm weights around 1, biases and weights clearly nonzero."""
-  g = torch.Generator().manual_seed(seed)
-  with torch.no_grad():
-    for name, p in model.named_parameters():
-      if "norm" in name and name.endswith("weight"):
-        p.copy_(0.5 + torch.rand(p.shape, generator=g))
-      elif name.endswith("bias"):
-        p.copy_(0.1 * torch.randn(p.shape, generator=g))
-      else:
-        p.copy_(0.15 * torch.randn(p.shape, generator=g))
-  return model.eval()
 
 
 @pytest.fixture(scope="module")

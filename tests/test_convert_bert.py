@@ -21,6 +21,7 @@ from logrerank_jax.convert import (
 )
 from logrerank_jax.errors import CheckpointError
 from logrerank_jax.models import bert as mbert
+from torch_init import randomise_uniform_norms as _randomise
 
 logging.getLogger("transformers").setLevel(logging.ERROR)
 transformers.logging.set_verbosity_error()
@@ -38,18 +39,6 @@ TINY = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_laye
             attn_implementation="eager")
 
 
-def _randomise(model, seed):
-  """Non-trivial values for every tensor: LayerNorm weights around 1, the rest around 0."""
-  g = torch.Generator().manual_seed(seed)
-  with torch.no_grad():
-    for name, p in model.named_parameters():
-      if "LayerNorm" in name and name.endswith("weight"):
-        p.copy_(0.5 + torch.rand(p.shape, generator=g))
-      elif name.endswith("bias"):
-        p.copy_(0.1 * torch.randn(p.shape, generator=g))
-      else:
-        p.copy_(0.15 * torch.randn(p.shape, generator=g))
-  return model.eval()
 
 
 def _numpy_sd(model):

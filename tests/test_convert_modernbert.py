@@ -30,6 +30,7 @@ from logrerank_jax.models.modernbert import (
     ModernBertEncoder,
     ModernBertSequenceClassifier,
 )
+from torch_init import randomise_uniform_norms as _randomise
 
 # float32 bound for two implementations of the same float32 model (torch vs Flax, and Flax jitted
 # vs eager: XLA fuses and reassociates differently, so neither pair is bit-exact). Derivation: they
@@ -54,18 +55,6 @@ def _hf_config(**overrides):
   return transformers.ModernBertConfig(**{**TINY, **overrides})
 
 
-def _randomise(model, seed):
-  """Give every tensor non-trivial values: norms around 1, biases and weights clearly nonzero."""
-  g = torch.Generator().manual_seed(seed)
-  with torch.no_grad():
-    for name, p in model.named_parameters():
-      if "norm" in name and name.endswith("weight"):
-        p.copy_(0.5 + torch.rand(p.shape, generator=g))
-      elif name.endswith("bias"):
-        p.copy_(0.1 * torch.randn(p.shape, generator=g))
-      else:
-        p.copy_(0.15 * torch.randn(p.shape, generator=g))
-  return model.eval()
 
 
 def _inputs():

@@ -22,6 +22,7 @@ import torch
 import transformers
 
 from logrerank_jax.models import modernbert as mb
+from torch_init import randomise_normal as _randomise
 
 logging.getLogger("transformers").setLevel(logging.ERROR)
 transformers.logging.set_verbosity_error()
@@ -40,19 +41,6 @@ def _hf_config(**overrides):
   return transformers.ModernBertConfig(**kwargs)
 
 
-def _randomise(model, seed):
-  """Give every torch parameter random values: norm weights around 1, the rest around 0."""
-  gen = torch.Generator().manual_seed(seed)
-  with torch.no_grad():
-    for name, p in model.named_parameters():
-      noise = torch.randn(p.shape, generator=gen)
-      if "norm" in name and name.endswith("weight"):
-        p.copy_(1.0 + 0.2 * noise)
-      elif "norm" in name or name.endswith("bias"):
-        p.copy_(0.1 * noise)
-      else:
-        p.copy_(0.15 * noise)
-  return model.eval()
 
 
 def _torch_params_to_flax(state_dict, prefix=""):
