@@ -294,3 +294,67 @@ def test_to_torch_names_bad_flax_paths(tiny):
   for needle in ("layers_2/mlp_norm/bias", "stray/kernel",
                  "layers_0/attn/query/kernel: expected (32, 32), got (32, 31)"):
     assert needle in msg, (needle, msg)
+
+
+# ---------------------------------------------------------------------------------------------
+# The full LoG-Reranker on a BERT encoder (log_map): both directions, strict keys.
+
+@pytest.fixture(scope="module")
+def log_on_bert(tiny):
+  """(LoGConfig on the tiny BERT encoder, its random LoG params as NumPy)."""
+  from logrerank_jax.data.packing import PackingConfig, QueryInput, pack_queries  # pylint: disable=g-import-not-at-top
+  from logrerank_jax.models import log_reranker as lr  # pylint: disable=g-import-not-at-top
+  from logrerank_jax.data.tokenization import train_wordpiece_tokenizer  # pylint: disable=g-import-not-at-top
+  _, cfg, _, _ = tiny
+  log_cfg = lr.LoGConfig.from_encoder(cfg.replace(num_labels=1), lr.LoGConfig.tiny(cfg.vocab_size))
+  tok = train_wordpiece_tokenizer(["a b c d e f g h"], 60)
+  ex, _ = pack_queries([QueryInput("a b", [["c d", "e"]])], tok, PackingConfig(row_len=32,
+                                                                                max_query_tokens=8))
+  params = jax.jit(lambda k: lr.init_params(log_cfg, ex, k))(jax.random.PRNGKey(4))
+  return log_cfg, jax.tree_util.tree_map(np.asarray, params)
+
+
+def test_log_on_bert_round_trips_bit_exact_and_its_encoder_loads_into_bert_model(log_on_bert,
+                                                                                  tiny):
+  from logrerank_jax.convert import log_key_table, log_params_from_torch, log_params_to_torch  # pylint: disable=g-import-not-at-top
+  hf_cfg, _, _, _ = tiny
+  log_cfg, params = log_on_bert
+  sd = log_params_to_torch(params, log_cfg)
+  assert [k for k, _ in log_key_table(log_cfg)] == list(sd)
+  enc = {k[len("local.encoder."):]: v for k, v in sd.items() if k.startswith("local.encoder.")}
+  assert "encoder.layer.2.attention.self.query.weight" in enc and len(enc) < len(sd)
+  # The encoder part is a BertModel state dict: it loads strictly and gives our encoder's output.
+  model = transformers.BertModel(hf_cfg, add_pooling_layer=False).eval()
+  model.load_state_dict({k: torch.from_numpy(v) for k, v in enc.items()}, strict=True)
+  ids, mask, types = _batch([11, 7], seed=3)
+  with torch.no_grad():
+    want = model(**_torch_inputs(ids, mask, types)).last_hidden_state.numpy()
+  got = mbert.BertEncoder(log_on_bert[0].local.encoder).apply(
+      {"params": params["local"]["encoder"]}, ids, mask, token_type_ids=types)
+  valid = mask.astype(bool)
+  assert np.max(np.abs(np.asarray(got)[valid] - want[valid])) <= PARITY_ATOL
+  # Flax -> torch -> Flax is bit-exact, with or without transformers' id buffers.
+  n = hf_cfg.max_position_embeddings
+  with_buffers = dict(sd, **{"local.encoder.embeddings.position_ids": np.arange(n)[None],
+                             "local.encoder.embeddings.token_type_ids": np.zeros((1, n), np.int64)})
+  for source in (sd, with_buffers):
+    again = log_params_from_torch(source, log_cfg)
+    flat = lambda t: dict(jax.tree_util.tree_flatten_with_path(t)[0])  # noqa: E731
+    a, b = flat(params), flat(again)
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_log_on_bert_bad_keys_and_buffers_are_named(log_on_bert):
+  from logrerank_jax.convert import log_params_from_torch, log_params_to_torch  # pylint: disable=g-import-not-at-top
+  log_cfg, params = log_on_bert
+  sd = log_params_to_torch(params, log_cfg)
+  del sd["local.encoder.encoder.layer.1.output.dense.bias"]
+  sd["local.encoder.pooler.dense.weight"] = np.zeros((32, 32), np.float32)
+  with pytest.raises(CheckpointError, match=r"missing keys \['local\.encoder\.encoder\.layer\.1"
+                                            r"\.output\.dense\.bias'\].*unexpected keys "
+                                            r"\['local\.encoder\.pooler\.dense\.weight'\]"):
+    log_params_from_torch(sd, log_cfg)
+  sd = log_params_to_torch(params, log_cfg)
+  sd["local.encoder.embeddings.position_ids"] = np.zeros((1, 48), np.int64)  # not an arange
+  with pytest.raises(CheckpointError, match=r"local\.encoder\.embeddings\.position_ids: a buffer"):
+    log_params_from_torch(sd, log_cfg)

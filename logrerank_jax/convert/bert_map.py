@@ -128,7 +128,7 @@ def bert_sequence_classifier_rules(cfg) -> List[Rule]:
           + expand_rules(BERT_CLASSIFIER_HEAD_RULES, cfg, bert_dims(cfg)))
 
 
-def _check_buffer(name: str, value: Any, cfg) -> str:
+def check_bert_buffer(name: str, value: Any, cfg) -> str:
   """Return a problem description if a tolerated buffer does not hold transformers' values."""
   arr = np.asarray(value)
   n = int(cfg.max_position_embeddings)
@@ -160,7 +160,7 @@ def _canonical_keys(sd: Mapping[str, Any], cfg) -> Tuple[Dict[str, Any], List[st
         bare = key[len(prefix):]
         break
     if bare in BERT_BUFFER_KEYS:
-      problem = _check_buffer(bare, value, cfg)
+      problem = check_bert_buffer(bare, value, cfg)
       if problem:
         bad_buffers.append(problem)
       buffers.append(key)

@@ -3,6 +3,8 @@
 The torch key layout (documented with paper-size shapes in docs/CHECKPOINTS.md) is
 
   local.encoder.<HF ModernBertModel key>        e.g. local.encoder.layers.0.attn.Wqkv.weight
+                (or <HF BertModel key, no pooler> for a BERT-family encoder, e.g.
+                local.encoder.encoder.layer.0.attention.self.query.weight)
   local.{intent_mlp,role_mlp,local_mlp}.{hidden,out}.{weight,bias}
   local.proj_g.weight                           (W_p, no bias)
   global.node_init.{phi_h,phi_r,phi_z}.{weight,bias}, global.node_init.norm.{weight,bias}
@@ -24,10 +26,12 @@ import os
 import re
 from typing import Any, Dict, List, Mapping, Tuple, Union
 
+from logrerank_jax.convert.bert_map import BERT_BUFFER_KEYS, bert_encoder_rules, check_bert_buffer
 from logrerank_jax.convert.modernbert_map import (MODERNBERT_ENCODER_RULES, ParamRule, Params,
                                                   Rule, StateDict, expand_rules, modernbert_dims,
                                                   params_from_torch, params_to_torch)
 from logrerank_jax.errors import CheckpointError, ConfigError
+from logrerank_jax.models.bert import BertConfig
 
 LOCAL_PREFIX = "local."
 ENCODER_PREFIX = "local.encoder."
@@ -93,7 +97,10 @@ def log_dims(cfg) -> Dict[str, int]:
   """Return the symbolic dimension table of the LoG rules for a `LoGConfig`."""
   local, gat = cfg.local_scorer_config, cfg.graph_reranker_config
   d = int(local.encoder.hidden_size)
-  dims = dict(modernbert_dims(local.encoder))
+  # A BERT encoder's rules expand with their own table (`bert_dims`: its "T" is the token-type
+  # vocabulary, here "T" is the GAT's relations).
+  dims = ({"d": d} if isinstance(local.encoder, BertConfig)
+          else dict(modernbert_dims(local.encoder)))
   dims.update({
       "1": 1, "3": 3, "Hi": int(local.intent_hidden), "Hr": int(local.role_hidden),
       "g": int(local.g_dim), "Hl": int(local.local_hidden), "2d+g": 2 * d + int(local.g_dim),
@@ -119,8 +126,12 @@ def log_rules(cfg) -> List[Rule]:
   """
   dims = log_dims(cfg)
   local = cfg.local_scorer_config
-  rules = expand_rules(MODERNBERT_ENCODER_RULES, local.encoder, dims,
-                       torch_prefix=ENCODER_PREFIX, flax_prefix=("local", "encoder"))
+  if isinstance(local.encoder, BertConfig):
+    rules = bert_encoder_rules(local.encoder, torch_prefix=ENCODER_PREFIX,
+                               flax_prefix=("local", "encoder"))
+  else:
+    rules = expand_rules(MODERNBERT_ENCODER_RULES, local.encoder, dims,
+                         torch_prefix=ENCODER_PREFIX, flax_prefix=("local", "encoder"))
   rules += expand_rules(LOCAL_HEAD_RULES, local, dims, num_layers=0, torch_prefix=LOCAL_PREFIX,
                         flax_prefix=("local",))
   if cfg.use_global:
@@ -240,8 +251,20 @@ def log_params_from_torch(sd: Mapping[str, Any], cfg, rename=None) -> Params:
   Raises:
     CheckpointError: naming every missing, unexpected and mis-shaped key at once.
   """
-  return params_from_torch(apply_rename_table(sd, rename), log_rules(cfg),
-                           what="LoG-Reranker state dict")
+  sd = apply_rename_table(sd, rename)
+  encoder = cfg.local_scorer_config.encoder
+  if isinstance(encoder, BertConfig):
+    # transformers' BertModel may carry its position / token-type id buffers (older versions
+    # save them): tolerated by name when they hold the values transformers rebuilds.
+    sd, bad = dict(sd), []
+    for name in BERT_BUFFER_KEYS:
+      if ENCODER_PREFIX + name in sd:
+        problem = check_bert_buffer(name, sd.pop(ENCODER_PREFIX + name), encoder)
+        if problem:
+          bad.append(ENCODER_PREFIX + problem)
+    if bad:
+      raise CheckpointError(f"LoG-Reranker state dict buffers hold unexpected values: {bad}")
+  return params_from_torch(sd, log_rules(cfg), what="LoG-Reranker state dict")
 
 
 def log_params_to_torch(params: Mapping[str, Any], cfg, rename=None) -> StateDict:
