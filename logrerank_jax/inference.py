@@ -89,8 +89,9 @@ def default_packing_config(cfg: lr.LoGConfig, row_len: Optional[int] = None,
   """Packer settings for inference.
 
   Rows of `row_len` tokens (default 1024, the paper's input limit), capped by the encoder's
-  positions (`max_positions`: 512 for BERT, 512 for RoBERTa's 514 offset embeddings); queries cut at `max_query_tokens` (default `DEFAULT_MAX_QUERY_TOKENS`, at most
-  half a row so passages keep room); `buckets` (row_buckets, span_buckets,
+  positions (`max_positions`: 512 for BERT, 512 for RoBERTa's 514 offset embeddings); queries
+  cut at `max_query_tokens` (default `DEFAULT_MAX_QUERY_TOKENS`, at most half a row so
+  passages keep room); `buckets` (row_buckets, span_buckets,
   node_buckets) override the packer's defaults. Any pool size works with any buckets: the
   engine splits a query over several local calls and grows node buckets (module docstring).
   """

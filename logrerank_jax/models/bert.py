@@ -369,4 +369,5 @@ def init_params(cfg: BertConfig, rng: jax.Array, classifier: bool = False,
   Returns:
     The param tree (without the "params" collection wrapper).
   """
-  return init_module_params(BertSequenceClassifier(cfg) if classifier else BertEncoder(cfg), rng, seq_len)
+  module = BertSequenceClassifier(cfg) if classifier else BertEncoder(cfg)
+  return init_module_params(module, rng, seq_len)

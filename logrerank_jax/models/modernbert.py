@@ -751,4 +751,5 @@ def init_params(cfg: ModernBertConfig, rng: jax.Array, classifier: bool = False,
   Returns:
     The param tree (without the "params" collection wrapper).
   """
-  return init_module_params(ModernBertSequenceClassifier(cfg) if classifier else ModernBertEncoder(cfg), rng, seq_len)
+  module = ModernBertSequenceClassifier(cfg) if classifier else ModernBertEncoder(cfg)
+  return init_module_params(module, rng, seq_len)

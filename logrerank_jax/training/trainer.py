@@ -10,9 +10,9 @@ visits the micro-batches in a seeded permutation, so the micro-step counter alon
 data position. The batches stream: a Grain data iterator over the micro-steps (`data_iterator`)
 packs each process's shares of the next steps on a worker thread while the devices train,
 and its state (`get_state()`) is saved in every checkpoint's meta and restored on resume,
-which is what makes a resumed run identical to an uninterrupted one. A micro-batch is split into contiguous per-device shares; the loss divides
-sums by counts summed over all devices (`step.global_mean_loss`), so the result does not depend
-on the number of devices or hosts.
+which is what makes a resumed run identical to an uninterrupted one. A micro-batch is split
+into contiguous per-device shares; the loss divides sums by counts summed over all devices
+(`step.global_mean_loss`), so the result does not depend on the number of devices or hosts.
 """
 
 import functools
