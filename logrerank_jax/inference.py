@@ -318,8 +318,8 @@ class Reranker:
     recs = [ln.record for ln in self._lines(records) if isinstance(ln.record, InferenceRecord)]
     real = computed = calls = 0
     shapes = set()
-    for start in range(0, len(recs), self.chunk_records):
-      for arrays, (_, _, info) in self._local_jobs(recs[start:start + self.chunk_records]):
+    for idx in self._chunks(len(recs)):
+      for arrays, (_, _, info) in self._local_jobs([recs[i] for i in idx]):
         real += info.real_tokens
         computed += int(np.prod(arrays["input_ids"].shape))
         shapes.add(tuple(arrays["input_ids"].shape))
@@ -660,10 +660,7 @@ class Reranker:
     if progress:
       from tqdm import tqdm  # pylint: disable=g-import-not-at-top
       bar = tqdm(total=len(records), unit="query", desc="rerank")
-    size = self.chunk_records
-    chunks = [list(range(start, min(start + size, len(records))))
-              for start in range(0, len(records), size)]
-    for idx, jobs in self._prepared_chunks(records, chunks):
+    for idx, jobs in self._prepared_chunks(records, self._chunks(len(records))):
       group = [records[i] for i in idx]
       try:
         if isinstance(jobs, LogRerankError):
@@ -681,6 +678,11 @@ class Reranker:
     if bar is not None:
       bar.close()
     return results
+
+  def _chunks(self, n: int) -> List[List[int]]:
+    """Record indices 0..n-1 cut into the chunks of `chunk_records` that `score` scores."""
+    size = self.chunk_records
+    return [list(range(s, min(s + size, n))) for s in range(0, n, size)]
 
   def _prepared_chunks(self, records: Sequence[InferenceRecord], chunks: List[List[int]]):
     """Yield (chunk indices, local jobs or the LogRerankError preparing them raised), in order.

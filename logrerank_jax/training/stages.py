@@ -68,15 +68,18 @@ def build_model_config(config, vocab_size: int) -> lr.LoGConfig:
   return cfg
 
 
-def packing_config(config, cfg: Optional[lr.LoGConfig] = None) -> PackingConfig:
-  """Return the packer settings of a training config (checked against the model's encoder).
+def check_row_fits(config, encoder) -> None:
+  """Refuse `config.max_seq_len` beyond the encoder's positions: such a row would index past
+  the position table (a gather that XLA clamps without a word). Names both numbers."""
+  if config.max_seq_len > encoder.max_positions:
+    raise ConfigError(f"config.max_seq_len={config.max_seq_len} exceeds the "
+                      f"{encoder.max_positions} positions of the encoder; set "
+                      "--config.max_seq_len to at most that")
 
-  A row longer than the encoder's positions would index past its position table (a gather
-  that XLA clamps without a word), so it is a ConfigError naming both numbers."""
-  if cfg is not None and config.max_seq_len > cfg.local.encoder.max_positions:
-    raise ConfigError(
-        f"config.max_seq_len={config.max_seq_len} exceeds the {cfg.local.encoder.max_positions} "
-        "positions of the encoder; set --config.max_seq_len to at most that")
+
+def packing_config(config, cfg: lr.LoGConfig) -> PackingConfig:
+  """Return the packer settings of a training config, checked against the model's encoder."""
+  check_row_fits(config, cfg.local.encoder)
   return PackingConfig(row_len=config.max_seq_len, max_query_tokens=config.max_query_tokens)
 
 
@@ -154,9 +157,7 @@ class StreamedBatches(collections.abc.Sequence):
   def __len__(self) -> int:
     return self._num
 
-  def __getitem__(self, i):
-    if isinstance(i, slice):
-      return [self[j] for j in range(*i.indices(self._num))]
+  def __getitem__(self, i: int):
     if not -self._num <= i < self._num:
       raise IndexError(f"micro-batch {i} of {self._num}")
     return self._make(int(i) % self._num)
@@ -476,10 +477,7 @@ class PassageStage:
     enc = encoder_config_from_hf(config.init_checkpoint)
     if encoder_family(enc) != "bert":
       raise ConfigError("the passage stage supports BERT-family checkpoints only")
-    if config.max_seq_len > enc.max_positions:
-      raise ConfigError(f"config.max_seq_len={config.max_seq_len} exceeds the "
-                        f"{enc.max_positions} positions of the encoder; set "
-                        "--config.max_seq_len to at most that")
+    check_row_fits(config, enc)
     self.cfg = enc.replace(num_labels=1)
     self.units = data_lib.query_units(records)
     self.cache_info: Dict[str, Any] = {}
