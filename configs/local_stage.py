@@ -50,6 +50,8 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   # --- Packing.
   config.max_seq_len = 1024              # paper: max input 1,024 tokens
   config.max_query_tokens = 64
+  config.shape_buckets = True            # pad each micro-batch to its row bucket's largest shape
+                                         # (one compile per bucket), not the run's largest
   # --- Optimisation.
   config.num_epochs = 5
   config.learning_rate = 2e-5
@@ -65,6 +67,9 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
                                          # term (softmax over a query's passages of their best
                                          # local sentence logit vs the gold passage); > 0 packs
                                          # whole queries per micro-batch (training/stages.py)
+  config.pairwise_max_better_rank = 0   # global stage, eq 23: 0 = every pair (the paper); K = only
+                                         # pairs whose better passage ranks <= K (NOT in the paper;
+                                         # for weak labels that order only the top, README)
   config.max_steps = 0                   # stop after this many micro-steps (0 = all epochs)
   config.freeze_encoder_layers = 0       # freeze the embeddings and this many lowest encoder
                                          # layers (optax mask, training/optim.frozen_mask); 0 = none
@@ -105,11 +110,15 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   elif variant == "minilm":
     # The demo (tools/demo.sh): LoG on the real all-MiniLM-L6-v2 weights, sized for 2 CPU cores.
     config.init_checkpoint = minilm_path()  # encoder and tokenizer from the packaged folder
+    # Evidence pools: paragraphs of PubMed abstracts, gold = the question's own result
+    # paragraphs (tools/build_demo_data.py --unit paragraph; demo_data/paragraphs/README.md).
+    config.train_file = os.path.join(_DEMO, "paragraphs", "train.jsonl")
+    config.val_file = os.path.join(_DEMO, "paragraphs", "val.jsonl")
     config.max_seq_len = 256               # shorter rows; longer passages become windows
     config.max_query_tokens = 48
     config.num_epochs = 1
     config.learning_rate = 1e-4
-    config.micro_batch_size = 4            # (query, passage) units per update: one query's 4 passages
+    config.micro_batch_size = 10           # (query, passage) units per update: one query's 10 passages
     config.local_passage_weight = 1.0      # cross-passage term (not in the paper): without it the
                                            # local scores cannot order passages (val nDCG@10 on 4
                                            # candidates 65.5 -> 85.4 with it; README)

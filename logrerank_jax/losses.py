@@ -8,6 +8,7 @@ with `jnp.where` first, so they get exactly zero gradient even when they hold ga
 such as 1e30 or inf.
 """
 
+import functools
 import numbers
 
 import jax
@@ -120,7 +121,7 @@ def role_kl_loss(role_logits, target_probs, mask):
   return jnp.sum(terms) / jnp.maximum(count, 1).astype(dtype)
 
 
-def _pairwise_sums(logits, passage_rank, sentence_rank, passage_ids, mask):
+def _pairwise_sums(logits, passage_rank, sentence_rank, passage_ids, mask, max_better_rank=0):
   """Return (sum of -log sigmoid(l_u - l_v) over D_q, |D_q|) for one query's nodes [N]."""
   l = jnp.where(mask, logits, 0.0)  # [N]
   # pairs[u, v]: u should outrank v (eq 23's D_q).
@@ -129,12 +130,16 @@ def _pairwise_sums(logits, passage_rank, sentence_rank, passage_ids, mask):
       & (passage_ids[:, None] != passage_ids[None, :])
       & (passage_rank[:, None] < passage_rank[None, :])
       & (sentence_rank[:, None] <= sentence_rank[None, :]))  # [N, N]
+  if max_better_rank:
+    # Not in the paper: only pairs whose better node's passage ranks in the top K.
+    pairs = pairs & (passage_rank[:, None] <= max_better_rank)
   diff = jnp.where(pairs, l[:, None] - l[None, :], 0.0)  # [N, N]
   total = jnp.sum(jnp.where(pairs, -jax.nn.log_sigmoid(diff), 0.0))
   return total, jnp.sum(pairs)
 
 
-def pairwise_query_losses(logits, passage_rank, sentence_rank, passage_ids, mask):
+def pairwise_query_losses(logits, passage_rank, sentence_rank, passage_ids, mask,
+                          max_better_rank: int = 0):
   """Return each query's pairwise loss (eq 23) and whether it has any pair, for [Q, N] inputs.
 
   Data-parallel training needs these per query (a sum and a count, not a batch mean) so that
@@ -142,19 +147,21 @@ def pairwise_query_losses(logits, passage_rank, sentence_rank, passage_ids, mask
 
   Args:
     logits, passage_rank, sentence_rank, passage_ids, mask: [Q, N], as `pairwise_global_loss`.
+    max_better_rank: as `pairwise_global_loss`.
 
   Returns:
     (per_query [Q] float32 mean over that query's pairs, 0 without pairs; has_pair [Q] bool).
   """
   logits = jnp.asarray(logits)
   dtype = _compute_dtype(logits)
-  totals, counts = jax.vmap(_pairwise_sums)(
+  totals, counts = jax.vmap(functools.partial(_pairwise_sums, max_better_rank=max_better_rank))(
       logits.astype(dtype), jnp.asarray(passage_rank), jnp.asarray(sentence_rank),
       jnp.asarray(passage_ids), jnp.asarray(mask).astype(bool))  # [Q], [Q]
   return totals / jnp.maximum(counts, 1).astype(dtype), counts > 0
 
 
-def pairwise_global_loss(logits, passage_rank, sentence_rank, passage_ids, mask):
+def pairwise_global_loss(logits, passage_rank, sentence_rank, passage_ids, mask,
+                         max_better_rank: int = 0):
   """Return the pairwise global loss (eq 23): mean -log sigmoid(l_u - l_v) over D_q.
 
   D_q = {(u, v): u, v valid, different passages, passage_rank[u] < passage_rank[v]
@@ -170,6 +177,10 @@ def pairwise_global_loss(logits, passage_rank, sentence_rank, passage_ids, mask)
     sentence_rank: int/float [N] or [Q, N] gold rank of each node within its passage.
     passage_ids: int [N] or [Q, N] passage index of each node.
     mask: bool [N] or [Q, N], True for real nodes.
+    max_better_rank: 0 (the paper): every pair of D_q. K > 0 (not in the paper): only the
+      pairs whose better node u is in a passage of rank <= K. For weak labels that order only
+      the top of a query's passages (the demo's gold paragraphs; the rest of the permutation
+      is BM25 or file order), the other pairs teach noise.
 
   Returns:
     Scalar loss (float32).
@@ -186,8 +197,8 @@ def pairwise_global_loss(logits, passage_rank, sentence_rank, passage_ids, mask)
   args = (logits, jnp.asarray(passage_rank), jnp.asarray(sentence_rank),
           jnp.asarray(passage_ids), mask)
   if len(shape) == 1:
-    total, count = _pairwise_sums(*args)
+    total, count = _pairwise_sums(*args, max_better_rank=max_better_rank)
     return total / jnp.maximum(count, 1).astype(dtype)
-  per_query, has_pair = pairwise_query_losses(*args)  # [Q], [Q]
+  per_query, has_pair = pairwise_query_losses(*args, max_better_rank=max_better_rank)  # [Q], [Q]
   return jnp.sum(jnp.where(has_pair, per_query, 0.0)) / jnp.maximum(
       jnp.sum(has_pair), 1).astype(dtype)

@@ -341,3 +341,57 @@ def test_pairwise_query_losses_match_the_batched_mean():
   batch_mean = float(jnp.sum(jnp.where(has_pair, per_query, 0.0)) / jnp.sum(has_pair))
   np.testing.assert_allclose(batch_mean, losses.pairwise_global_loss(logits, prank, srank, pids, mask),
                              rtol=1e-6)
+
+
+def np_pairwise_top(logits, prank, srank, pids, mask, max_better_rank):
+  """The pairwise loss restricted to pairs whose better node's passage ranks <= K."""
+  values = []
+  n = logits.shape[0]
+  for u in range(n):
+    for v in range(n):
+      if (mask[u] and mask[v] and pids[u] != pids[v] and prank[u] < prank[v]
+          and srank[u] <= srank[v] and prank[u] <= max_better_rank):
+        values.append(math.log1p(math.exp(-(float(logits[u]) - float(logits[v])))))
+  return float(np.mean(values)) if values else 0.0
+
+
+@pytest.mark.parametrize("seed,k", [(0, 1), (1, 1), (2, 2), (3, 3)],
+                         ids=["seed0-top1", "seed1-top1", "seed2-top2", "seed3-top3"])
+def test_pairwise_max_better_rank_matches_numpy(seed, k):
+  """`max_better_rank` (not in the paper) keeps only the pairs led by a top-K passage; K at or
+  above every rank but the worst keeps eq 23's D_q whole."""
+  args = pairwise_inputs(seed)
+  want = np_pairwise_top(*args, k)
+  assert want > 0
+  np.testing.assert_allclose(float(losses.pairwise_global_loss(*args, max_better_rank=k)), want,
+                             rtol=F32_RTOL, atol=F32_ATOL)
+  if k == 3:  # ranks are 1..3: rank-3 nodes never lead a pair, so this is the paper's loss
+    np.testing.assert_allclose(float(losses.pairwise_global_loss(*args, max_better_rank=k)),
+                               np_pairwise(*args), rtol=F32_RTOL, atol=F32_ATOL)
+  batched = [pairwise_inputs(s) for s in (seed, seed + 10)]
+  stacked = [np.stack([q[i] for q in batched]) for i in range(5)]
+  got, has = losses.pairwise_query_losses(*stacked, max_better_rank=k)
+  np.testing.assert_allclose(np.asarray(got), [np_pairwise_top(*q, k) for q in batched],
+                             rtol=F32_RTOL, atol=F32_ATOL)
+  assert bool(np.all(np.asarray(has)))
+
+
+def test_pairwise_max_better_rank_gradient_matches_finite_differences():
+  logits, prank, srank, pids, mask = pairwise_inputs(4, n=8, dtype=np.float64)
+  with jax.enable_x64(True):
+    f = lambda x: losses.pairwise_global_loss(x, prank, srank, pids, mask, max_better_rank=1)
+    x = jnp.asarray(logits, jnp.float64)
+    grad = np.asarray(jax.grad(f)(x))
+    eps = 1e-6
+    fd = np.array([(float(f(x.at[i].add(eps))) - float(f(x.at[i].add(-eps)))) / (2 * eps)
+                   for i in range(len(logits))])
+  np.testing.assert_allclose(grad, fd, atol=1e-8)
+  # Nodes in no top-1-led pair (masked, or ranked 2-3 with no top-1 node above them) get 0.
+  top = (prank == 1) & mask
+  involved = np.zeros(len(logits), bool)
+  for u in range(len(logits)):
+    for v in range(len(logits)):
+      if (top[u] and mask[v] and pids[u] != pids[v] and prank[u] < prank[v]
+          and srank[u] <= srank[v]):
+        involved[u] = involved[v] = True
+  assert np.all(grad[~involved] == 0.0) and np.any(grad[involved] != 0.0)

@@ -242,3 +242,183 @@ def test_shipped_demo_data():
     assert qrels[q["id"]] == {rec.passages[0].id}
     assert {c["id"] for c in q["ctxs"]} == {p.id for p in rec.passages}
     assert all(c["text"].strip() for c in q["ctxs"])
+
+
+# --- Paragraph unit (evidence pools): what tools/demo.sh trains and evaluates on. ---
+
+PARAGRAPHS = DEMO / "paragraphs"
+
+
+@pytest.fixture(scope="module")
+def para_pool():
+  """The slice as a paragraph pool: 37 paragraphs, 10 of 12 questions with a result paragraph."""
+  return A.PubMedPool(SLICE, unit="paragraph")
+
+
+@pytest.mark.parametrize("label,evidence", [
+    ("RESULTS", True), ("FINDINGS", True), ("METHODS AND RESULTS", True),
+    ("CONCLUSIONS", True), ("METHODS", False), ("BACKGROUND", False),
+    ("DESIGN, SETTING AND PATIENTS", False), ("UNLABELLED", False), (None, False)],
+    ids=["results", "findings", "methods_and_results_half", "conclusions", "methods",
+         "background", "design", "unknown_label", "no_label"])
+def test_is_evidence_label_known_answers(label, evidence):
+  assert A.is_evidence_label(label) is evidence
+
+
+def test_paragraph_pool_ids_gold_and_own(para_pool):
+  """Every paragraph of every abstract is one passage (text = the paragraph, ids in file
+  order); a question's gold = its own result paragraphs; questions without one have no gold."""
+  raw = [json.loads(line) for line in SLICE.read_text().splitlines() if line.strip()]
+  k = 0
+  for i, rec in enumerate(raw):
+    own = []
+    for j, ctx in enumerate(rec["gold_ctx"]):
+      text = ctx["text"]
+      paras = (list(zip(text["labels"], text["contexts"])) if isinstance(text, dict)
+               else [(None, text)])
+      for n, (lab, par) in enumerate(paras):
+        p = para_pool.passages[k]
+        assert p.id == f"pubmed_slice:{i}:{j}:{n}" and p.text == par.strip()
+        assert p.sections == ((lab or None, p.text),)
+        own.append(k)
+        k += 1
+    assert para_pool.own[i] == own
+    assert para_pool.gold[i] == [o for o in own if A.is_evidence_label(
+        para_pool.passages[o].sections[0][0])]
+  assert k == len(para_pool.passages) == 37
+  assert [para_pool.has_gold(i) for i in range(12)] == [True] * 10 + [False] * 2
+
+
+def test_paragraph_training_record_ranks_gold_then_own_then_negatives(para_pool):
+  recs, stats = A.build_training_records(para_pool, range(10), num_passages=6)
+  for qi, rec in enumerate(recs):
+    ids = [p.id for p in rec.passages]
+    gold = [para_pool.passages[g].id for g in para_pool.gold[qi]]
+    own = [para_pool.passages[o].id for o in para_pool.own[qi]]
+    rest = [o for o in own if o not in gold]
+    assert [p.rank for p in rec.passages] == list(range(1, len(ids) + 1))
+    n_own = min(len(own), 6)
+    assert ids[:n_own] == (gold + rest)[:n_own]  # gold first, then the rest of its abstract
+    negs = ids[n_own:]
+    assert not set(negs) & set(own) and len(ids) == 6
+    prefixes = {":".join(n.split(":")[:2]) for n in negs}
+    assert f"pubmed_slice:{qi}" not in prefixes  # negatives come from other abstracts
+    # Every sentence of a passage keeps its paragraph's role.
+    for p in rec.passages:
+      role = A.section_role(para_pool.passages[[q.id for q in para_pool.passages].index(p.id)]
+                            .sections[0][0])[0]
+      assert all(s.role == role for s in p.sentences)
+  assert stats.queries == 10 and stats.passages == 60
+
+
+def test_paragraph_query_without_gold_is_named(para_pool):
+  with pytest.raises(DataError, match=r"query 10 has no gold paragraph"):
+    A.build_training_records(para_pool, [10], num_passages=4)
+  with pytest.raises(DataError, match=r"query 11 has no gold paragraph"):
+    A.build_inference_record(para_pool, 11, 4)
+
+
+def test_unknown_unit_is_named():
+  with pytest.raises(DataError, match=r"unknown passage unit 'sentence'"):
+    A.PubMedPool(SLICE, unit="sentence")
+
+
+def test_paragraph_inference_record_and_relevance(para_pool):
+  rec, rel = A.build_inference_record(para_pool, 1, 10)
+  assert rel == ["pubmed_slice:1:0:6"]  # the RESULTS paragraph of question 1's abstract
+  ids = [c["id"] for c in rec["ctxs"]]
+  assert len(ids) == 10 and len(set(ids)) == 10
+  assert {para_pool.passages[o].id for o in para_pool.own[1]} <= set(ids)  # hard negatives in
+
+
+def test_build_tool_paragraph_unit_is_deterministic_and_disjoint(tmp_path):
+  tool = _load_tool()
+  outs = []
+  for run in ("a", "b"):
+    out = tmp_path / run
+    tool.main(["--input", str(SLICE), "--out", str(out), "--unit", "paragraph",
+               "--n-train", "5", "--n-val", "2", "--n-test", "3", "--passages", "5",
+               "--pool-size", "8"])
+    outs.append({p.name: p.read_bytes() for p in sorted(out.iterdir())})
+  assert outs[0] == outs[1]
+  manifest = json.loads(outs[0]["manifest.json"])
+  assert manifest["args"]["unit"] == "paragraph" and manifest["eligible_queries"] == 10
+  splits = {s: R.validate_training_file(tmp_path / "a" / f"{s}.jsonl")[0]
+            for s in ("train", "val", "test")}
+  assert [len(splits[s]) for s in ("train", "val", "test")] == [5, 2, 3]
+  _check_abstracts_disjoint(splits)
+  with pytest.raises(SystemExit, match="asked for 11 queries but the file has 10"):
+    tool.main(["--input", str(SLICE), "--out", str(tmp_path / "c"), "--unit", "paragraph",
+               "--n-train", "6", "--n-val", "2", "--n-test", "3"])
+
+
+def _abstract(pid: str) -> str:
+  return ":".join(pid.split(":")[:2])
+
+
+def _check_abstracts_disjoint(splits):
+  """No paragraph of one split's question abstracts is a candidate anywhere in another split."""
+  for name, recs in splits.items():
+    own = {_abstract(r.passages[0].id) for r in recs}
+    assert all(_abstract(r.passages[0].id) == r.id for r in recs)
+    for other, orecs in splits.items():
+      if other != name:
+        assert not own & {_abstract(p.id) for r in orecs for p in r.passages}, (name, other)
+
+
+def test_shipped_paragraph_demo_data():
+  """What tools/demo.sh trains on and evaluates: valid, disjoint by abstract, gold = the
+  question's own result paragraphs, every pool holding its whole abstract and 50 passages."""
+  manifest = json.loads((PARAGRAPHS / "manifest.json").read_text())
+  args = manifest["args"]
+  assert args["unit"] == "paragraph" and args["pool_size"] == 50
+  splits = {s: R.validate_training_file(PARAGRAPHS / f"{s}.jsonl")[0]
+            for s in ("train", "val", "test")}
+  assert [len(splits[s]) for s in ("train", "val", "test")] == [
+      args["n_train"], args["n_val"], args["n_test"]]
+  _check_abstracts_disjoint(splits)
+  total = sum(p.stat().st_size for p in PARAGRAPHS.iterdir() if p.is_file())
+  assert total < 3_000_000, total  # shipped inside the wheel: keep it small
+  assert (PARAGRAPHS / "LICENSE").read_bytes() == (DATA / "SCHOLARQABENCH_LICENSE").read_bytes()
+  corpus = {}
+  with open(PARAGRAPHS / "corpus.jsonl", encoding="utf-8") as f:
+    for line in f:
+      c = json.loads(line)
+      corpus[c["id"]] = c
+  qrels = read_qrels(str(PARAGRAPHS / "test_pools.qrels"))
+  with open(PARAGRAPHS / "test_pools.jsonl", encoding="utf-8") as f:
+    pools = [json.loads(line) for line in f]
+  assert [p["id"] for p in pools] == [r.id for r in splits["test"]] == sorted(qrels, key=[
+      p["id"] for p in pools].index)
+  for pool, rec in zip(pools, splits["test"]):
+    ids = pool["ctx_ids"]
+    assert len(ids) == len(set(ids)) == 50 and set(ids) <= set(corpus)
+    own = {p.id for p in rec.passages if _abstract(p.id) == rec.id}
+    assert own <= set(ids)
+    gold = {p.id for p in rec.passages if _abstract(p.id) == rec.id
+            and all(s.role[2] >= 0.5 for s in p.sentences)}
+    assert qrels[pool["id"]] == gold and gold
+
+
+def test_evidence_negatives_are_other_abstracts_result_paragraphs(para_pool):
+  """Training records may hold other studies' result paragraphs as negatives (a 50-passage pool
+  is full of them); the negatives stay in BM25 order and the pools' plain BM25 top is kept
+  when the option is 0."""
+  for qi in range(10):
+    own = para_pool.gold[qi] + [j for j in para_pool.own[qi] if j not in para_pool.gold[qi]]
+    plain = para_pool.candidates(qi, len(own) + 4)
+    mixed = para_pool.candidates(qi, len(own) + 4, evidence_negatives=3)
+    assert plain[:len(own)] == mixed[:len(own)] == own
+    negs = mixed[len(own):]
+    ev = [j for j in negs if A.is_evidence_label(para_pool.passages[j].sections[0][0])]
+    others_ev = [j for i in range(12) if i != qi for j in para_pool.gold[i]]
+    assert len(ev) >= min(3, len(others_ev)) and len(negs) == 4
+    # Exactly the BM25 top evidence paragraphs of other abstracts are among them.
+    scores = para_pool.index.scores(para_pool.queries[qi]["query"])
+    best_ev = sorted(others_ev, key=lambda j: (-float(scores[j]), j))[:3]
+    assert set(best_ev) <= set(negs)
+    assert negs == sorted(negs, key=lambda j: (-float(scores[j]), j))
+    assert plain[len(own):] == para_pool.index.top_k(
+        para_pool.queries[qi]["query"], 4, exclude=tuple(sorted(para_pool.own[qi])))
+  with pytest.raises(DataError, match="evidence_negatives needs the paragraph unit"):
+    A.PubMedPool(SLICE).candidates(0, 4, evidence_negatives=1)

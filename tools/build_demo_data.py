@@ -17,8 +17,14 @@ Writes, into --out:
 ship as ids so that the data stays small).
   manifest.json                        source checksum, arguments, counts, weak-label statistics
 Queries are drawn with numpy's PCG64 permutation of the record indices under --seed;
-no split's gold context is ever a negative of another split (no cross-split text leakage
+no split's own passage is ever a negative of another split (no cross-split text leakage
 through negatives). `--label-table` prints the section-label -> role table of docs/DATA.md.
+
+--unit paragraph builds evidence pools instead (logrerank_jax/demo_data/paragraphs/, what
+tools/demo.sh trains and evaluates on): passages are abstract paragraphs, a question's gold
+is its own abstract's result paragraphs, its other own paragraphs rank next in training
+records and are hard negatives in the pools (pubmed_adapter's docstring). Queries are then
+drawn from the questions that have such a paragraph (the permutation is of that list).
 """
 
 import argparse
@@ -84,28 +90,46 @@ def main(argv=None):
   ap.add_argument("--pool-size", type=int, default=0,
                   help="candidates per val / test evaluation pool (0, the default: write no pools; the shipped demo data: 50)")
   ap.add_argument("--seed", type=int, default=13)
+  ap.add_argument("--evidence-negatives", type=int, default=0,
+                  help="paragraph unit: how many of a training record's negatives are other "
+                       "abstracts' result paragraphs (evaluation pools stay plain BM25)")
+  ap.add_argument("--unit", choices=pubmed_adapter.UNITS, default="abstract",
+                  help="passage unit: whole abstracts (gold: the question's own) or paragraphs "
+                       "(gold: its own abstract's result paragraphs)")
   ap.add_argument("--label-table", action="store_true", help="print the label table and exit")
   args = ap.parse_args(argv)
 
-  pool = pubmed_adapter.PubMedPool(args.input)
+  pool = pubmed_adapter.PubMedPool(args.input, unit=args.unit)
   if args.label_table:
     print(label_table(pool))
     return
-  splits = dict(zip(("train", "val", "test"),
-                    split_indices(len(pool.queries), (args.n_train, args.n_val, args.n_test),
-                                  args.seed)))
-  gold_of = {name: frozenset(g for qi in idx for g in pool.gold[qi])
+  # Only questions with a gold passage can be queries (all of them for whole abstracts, so
+  # the abstract unit's splits are the permutation of every record index).
+  eligible = [qi for qi in range(len(pool.queries)) if pool.has_gold(qi)]
+  # Paragraph unit: test and val are drawn first, so that a larger --n-train keeps them fixed.
+  names = ("train", "val", "test") if args.unit == "abstract" else ("test", "val", "train")
+  sizes = {"train": args.n_train, "val": args.n_val, "test": args.n_test}
+  drawn = dict(zip(names, ([eligible[k] for k in part] for part in split_indices(
+      len(eligible), tuple(sizes[n] for n in names), args.seed))))
+  splits = {name: drawn[name] for name in ("train", "val", "test")}
+  # A split's own passages (gold and, for paragraphs, the rest of its abstracts) are never
+  # another split's negatives.
+  gold_of = {name: frozenset(g for qi in idx for g in pool.own[qi])
              for name, idx in splits.items()}
   os.makedirs(args.out, exist_ok=True)
   manifest = {
       "source": os.path.basename(args.input), "source_sha256": _sha256(args.input),
-      "args": {k: v for k, v in vars(args).items() if k not in ("input", "out", "label_table")},
+      "args": {k: v for k, v in vars(args).items()
+               if k not in ("input", "out", "label_table")
+               and not (k == "unit" and v == "abstract") and not (k == "evidence_negatives" and not v)},
+      "eligible_queries": len(eligible),
       "splits": {},
   }
   for name, idx in splits.items():
     # Other splits' gold contexts are never used as this split's negatives.
     banned = frozenset().union(*(g for other, g in gold_of.items() if other != name))
-    recs, stats = pubmed_adapter.build_training_records(pool, idx, args.passages, banned)
+    recs, stats = pubmed_adapter.build_training_records(pool, idx, args.passages, banned,
+                                                        args.evidence_negatives)
     path = os.path.join(args.out, f"{name}.jsonl")
     records_lib.write_training_file(path, recs)
     records_lib.validate_training_file(path)  # what ships must pass the validator

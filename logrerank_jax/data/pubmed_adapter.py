@@ -3,13 +3,25 @@
 PubMedQA has no sentence labels, so every label here is *weak* and derived by a
 fixed, documented rule (see `docs/DATA.md`, "PubMedQA adapter"):
 
-  * Passage pool: the gold contexts of every record of the file, in file
-    order. Gold context j of record i (0-based, blank lines skipped) has id
-    "<file stem>:<i>:<j>"; the query's id is "<file stem>:<i>".
-  * Passages of query i: its own gold context(s) (rank 1..G, in file order),
-    then the BM25 top (P - G) other pool passages for the question (ranks
-    G+1..P, in BM25 order; ties -> lower pool index; passages whose text equals
-    a gold text are excluded, so a duplicate is never labelled a negative).
+  * Passage unit (`PubMedPool(path, unit=...)`):
+    - "abstract": a passage is a whole gold context. Gold context j of record i
+      (0-based, blank lines skipped) has id "<file stem>:<i>:<j>"; the query's
+      id is "<file stem>:<i>". The question's own abstract is its gold.
+    - "paragraph" (evidence pools): a passage is one paragraph ("contexts"
+      entry) of a gold context, id "<file stem>:<i>:<j>:<k>" (k = paragraph
+      index). The question's gold passages are its own abstract's *evidence*
+      paragraphs, those whose section label is at least half "result"
+      (`is_evidence_label`: RESULTS, FINDINGS, "METHODS AND RESULTS", ...);
+      its other own paragraphs (background, methods) are on-topic but hold no
+      finding. A question whose abstract has no evidence paragraph (plain-
+      string or unlabelled text) has no gold: `has_gold(i)` is False and it is
+      never a query, though its paragraphs stay candidates of other queries.
+  * Passage pool: every passage of that unit over the file, in file order.
+  * Passages of query i: its gold passages (rank 1..G, in file order), then its
+    other own passages (paragraph unit only; ranks G+1..G+O, in file order),
+    then the BM25 top (P - G - O) other pool passages for the question (in BM25
+    order; ties -> lower pool index; passages whose text equals a text of the
+    query's own are excluded, so a duplicate is never labelled a negative).
   * Sentences: each paragraph ("contexts" entry, or the whole plain-string text)
     is split with `split_sentences`; a sentence never spans two paragraphs.
   * Sentence roles: from the paragraph's real section label through
@@ -22,6 +34,7 @@ fixed, documented rule (see `docs/DATA.md`, "PubMedQA adapter"):
     pool passages and the BM25 tokenizer (`bm25_tokenize`: lowercase
     alphanumeric runs);
     higher score = better rank, ties -> earlier sentence first.
+    In the paragraph unit D counts paragraphs.
 
 Everything is deterministic: no randomness, stable sorts only.
 """
@@ -65,6 +78,9 @@ SECTION_KEYWORDS = {
 SECTION_OVERRIDES = {
     "END POINT": (0.0, 1.0, 0.0),  # "POINT" alone is no keyword; an end point is a measure
 }
+UNITS = ("abstract", "paragraph")
+
+
 def normalize_label(label: str) -> str:
   """Return the label upper-cased with runs of non-letters collapsed to one space."""
   return " ".join(re.findall(r"[A-Z]+", label.upper()))
@@ -96,6 +112,11 @@ def section_role(label: Optional[str]) -> tuple[tuple[float, float, float], str]
   return tuple(role), "keyword"
 
 
+def is_evidence_label(label: Optional[str]) -> bool:
+  """True when a section label is at least half "result" (the paragraph reports findings)."""
+  return section_role(label)[0][2] >= 0.5
+
+
 @dataclasses.dataclass
 class AdapterStats:
   """Counts of how the weak labels were obtained, for the build log and the docs."""
@@ -118,30 +139,47 @@ class _PoolPassage:
 
 
 class PubMedPool:
-  """The file's gold contexts as a BM25-searchable candidate pool."""
+  """The file's gold contexts (or their paragraphs) as a BM25-searchable candidate pool."""
 
-  def __init__(self, path: str | os.PathLike):
-    """Read the file and index every gold context.
+  def __init__(self, path: str | os.PathLike, unit: str = "abstract"):
+    """Read the file and index every passage of the given unit.
 
     Args:
       path: a ScholarQABench single-paper task file (e.g. pubmed_test.jsonl).
+      unit: "abstract" (a passage is a gold context; the question's own is its gold) or
+        "paragraph" (a passage is one paragraph; the question's own evidence paragraphs
+        are its gold; module docstring).
 
     Raises:
-      DataError: the file is malformed (from `read_scholarqabench`).
+      DataError: the file is malformed (from `read_scholarqabench`) or `unit` is unknown.
     """
+    if unit not in UNITS:
+      raise DataError(f"unknown passage unit {unit!r}; known: {', '.join(UNITS)}")
     self.path = os.fspath(path)
+    self.unit = unit
     stem = os.path.splitext(os.path.basename(self.path))[0]
     self.queries = read_scholarqabench(self.path)  # [{"query", "answer", "gold": [...]}]
     self.passages: list[_PoolPassage] = []
-    self.gold: list[list[int]] = []  # query index -> pool indices of its gold contexts
+    self.gold: list[list[int]] = []  # query index -> pool indices of its gold passages
+    self.own: list[list[int]] = []   # query index -> pool indices of all its own passages
     for i, q in enumerate(self.queries):
-      idx = []
+      gold, own = [], []
       for j, g in enumerate(q["gold"]):
-        idx.append(len(self.passages))
-        self.passages.append(_PoolPassage(
-            id=f"{stem}:{i}:{j}", title=g["title"], text=g["text"],
-            sections=tuple((lab, par) for lab, par in g["sections"])))
-      self.gold.append(idx)
+        if unit == "abstract":
+          parts = [(f"{stem}:{i}:{j}", g["text"], tuple(g["sections"]), True)]
+        else:
+          parts = [(f"{stem}:{i}:{j}:{k}", par, ((lab, par),), is_evidence_label(lab))
+                   for k, (lab, par) in enumerate(g["sections"])]
+        for pid, text, sections, is_gold in parts:
+          own.append(len(self.passages))
+          if is_gold:
+            gold.append(len(self.passages))
+          self.passages.append(_PoolPassage(id=pid, title=g["title"], text=text,
+                                            sections=sections))
+      self.gold.append(gold)
+      self.own.append(own)
+    self._not_evidence = {i for i, p in enumerate(self.passages)
+                          if unit != "paragraph" or not is_evidence_label(p.sections[0][0])}
     self.index = BM25Index([p.text for p in self.passages])
     # Document frequencies for the sentence-rank signal (same tokenizer as BM25).
     df = collections.Counter()
@@ -150,28 +188,55 @@ class PubMedPool:
     d = len(self.passages)
     self.idf = {t: math.log(1.0 + (d - n + 0.5) / (n + 0.5)) for t, n in df.items()}
 
-  def candidates(self, qi: int, num_passages: int, banned: frozenset = frozenset()) -> list[int]:
-    """Return pool indices for query `qi`: its gold contexts, then BM25 negatives, best first.
+  def has_gold(self, qi: int) -> bool:
+    """Whether query `qi` has a gold passage in this unit (always, for whole abstracts)."""
+    return bool(self.gold[qi])
+
+  def candidates(self, qi: int, num_passages: int, banned: frozenset = frozenset(),
+                 evidence_negatives: int = 0) -> list[int]:
+    """Return pool indices for query `qi`: its gold passages, its other own passages, then BM25
+    negatives, best first.
 
     Args:
       qi: 0-based query (record) index.
       num_passages: how many candidates to return (fewer only if the pool runs out).
-      banned: pool indices never used as negatives (e.g. other splits' gold contexts).
+      banned: pool indices never used as negatives (e.g. other splits' own passages).
+      evidence_negatives: paragraph unit only: how many of the negatives are the BM25 top
+        *evidence* paragraphs of other abstracts (the rest: the BM25 top of all other
+        paragraphs); negatives then follow in BM25 order. 0: plain BM25 top, as a first-stage
+        retriever gives (the evaluation pools). Training records use > 0 because a 50-passage
+        pool is about a third other studies' result paragraphs, and a few BM25 negatives,
+        mostly background paragraphs, never show the model one.
     """
+    if evidence_negatives and self.unit != "paragraph":
+      raise DataError("evidence_negatives needs the paragraph unit")
     gold = self.gold[qi]
-    if len(gold) >= num_passages:
-      return gold[:num_passages]
-    gold_texts = {self.passages[g].text for g in gold}
-    exclude = set(gold) | (set(banned) - set(gold))
-    out = list(gold)
-    want = num_passages - len(gold)
+    own = gold + [j for j in self.own[qi] if j not in gold]
+    if len(own) >= num_passages:
+      return own[:num_passages]
+    own_texts = {self.passages[g].text for g in own}
+    exclude = set(own) | (set(banned) - set(own))
+    want = num_passages - len(own)
+    ev = []
+    if evidence_negatives:
+      ev = self._negatives(qi, min(evidence_negatives, want), exclude | self._not_evidence,
+                           own_texts)
+    negs = ev + self._negatives(qi, want - len(ev), exclude | set(ev), own_texts)
+    scores = self.index.scores(self.queries[qi]["query"])
+    return own + sorted(negs, key=lambda j: (-float(scores[j]), j))
+
+  def _negatives(self, qi: int, want: int, exclude: set, own_texts: set) -> list[int]:
+    """The BM25 top `want` pool indices for query `qi` outside `exclude` whose text is not one
+    of its own texts (ties -> lower index)."""
+    if want <= 0:
+      return []
     k = want
     while True:
-      # Ask for more when duplicates of a gold text had to be skipped.
+      # Ask for more when duplicates of an own text had to be skipped.
       hits = self.index.top_k(self.queries[qi]["query"], k, exclude=tuple(sorted(exclude)))
-      negs = [h for h in hits if self.passages[h].text not in gold_texts]
+      negs = [h for h in hits if self.passages[h].text not in own_texts]
       if len(negs) >= want or len(hits) < k:
-        return out + negs[:want]
+        return negs[:want]
       k *= 2
 
   def sentence_scores(self, question: str, sentences: Sequence[str]) -> list[float]:
@@ -203,11 +268,13 @@ def _ranks_from_scores(scores: Sequence[float]) -> list[int]:
 
 
 def build_training_record(pool: PubMedPool, qi: int, num_passages: int, stats: AdapterStats,
-                          banned: frozenset = frozenset()) -> records_lib.TrainingRecord:
+                          banned: frozenset = frozenset(),
+                          evidence_negatives: int = 0) -> records_lib.TrainingRecord:
   """Build the weakly-labelled training record of query `qi` (see the module docstring)."""
   question = pool.queries[qi]["query"]
   passages = []
-  for prank, pi in enumerate(pool.candidates(qi, num_passages, banned), start=1):
+  for prank, pi in enumerate(pool.candidates(qi, num_passages, banned, evidence_negatives),
+                             start=1):
     p = pool.passages[pi]
     pairs = _passage_sentences(p, stats)
     if not pairs:
@@ -227,23 +294,33 @@ def build_training_record(pool: PubMedPool, qi: int, num_passages: int, stats: A
   return rec
 
 
+def _check_has_gold(pool: PubMedPool, qi: int) -> None:
+  """A query without a gold passage would be a record whose rank-1 passage is not relevant."""
+  if not pool.has_gold(qi):
+    raise DataError(f"{pool.path}: query {qi} has no gold {pool.unit} (no paragraph labelled as "
+                    "a result); pick queries with PubMedPool.has_gold")
+
+
 def build_training_records(pool: PubMedPool, query_indices: Sequence[int], num_passages: int = 8,
-                           banned: frozenset = frozenset()
+                           banned: frozenset = frozenset(), evidence_negatives: int = 0
                            ) -> tuple[list[records_lib.TrainingRecord], AdapterStats]:
   """Build weakly-labelled training records for the given queries of the pool.
 
   Args:
     pool: the indexed file.
     query_indices: 0-based record indices of the queries to build, in output order.
-    num_passages: passages per query (gold contexts first, then BM25 negatives).
-    banned: pool indices never used as negatives (e.g. held-out queries' gold contexts).
+    num_passages: passages per query (gold passages first, then the other own passages,
+      then BM25 negatives).
+    banned: pool indices never used as negatives (e.g. held-out queries' own passages).
+    evidence_negatives: paragraph unit: negatives drawn from other abstracts' evidence
+      paragraphs (`PubMedPool.candidates`).
 
   Returns:
     (records, stats).
 
   Raises:
-    DataError: a query index is out of range, `num_passages` < 1, or a chosen
-      passage has no sentences.
+    DataError: a query index is out of range or has no gold passage, `num_passages` < 1,
+      or a chosen passage has no sentences.
   """
   if num_passages < 1:
     raise DataError(f"num_passages must be >= 1, got {num_passages}")
@@ -252,7 +329,8 @@ def build_training_records(pool: PubMedPool, query_indices: Sequence[int], num_p
   for qi in query_indices:
     if not 0 <= qi < len(pool.queries):
       raise DataError(f"{pool.path}: query index {qi} out of range [0, {len(pool.queries)})")
-    out.append(build_training_record(pool, qi, num_passages, stats, banned))
+    _check_has_gold(pool, qi)
+    out.append(build_training_record(pool, qi, num_passages, stats, banned, evidence_negatives))
   return out, stats
 
 
@@ -269,6 +347,7 @@ def build_inference_record(pool: PubMedPool, qi: int, num_passages: int,
   """
   if not 0 <= qi < len(pool.queries):
     raise DataError(f"{pool.path}: query index {qi} out of range [0, {len(pool.queries)})")
+  _check_has_gold(pool, qi)
   cands = pool.candidates(qi, num_passages, banned)
   question = pool.queries[qi]["query"]
   scores = pool.index.scores(question)

@@ -13,7 +13,7 @@ the demo and for datasets of tens of thousands of queries.
 """
 
 import dataclasses
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -101,6 +101,32 @@ def batch_shape(batch: Dict[str, np.ndarray]) -> tuple:
   r, l = batch["input_ids"].shape
   q, n = batch["node_mask"].shape
   return r, l, batch["span_kind"].shape[0], q, n
+
+
+def bucketed_shapes(shapes: Sequence[tuple], bucket_of: Optional[Callable[[tuple], Any]]
+                    ) -> List[tuple]:
+  """One padded shape per micro-batch: the elementwise maximum over the micro-batches of its
+  bucket (`bucket_of(shape)`), or over all of them when `bucket_of` is None.
+
+  One compile per bucket instead of one for the run: with a single run-wide shape a few
+  micro-batches that need twice the rows make every step compute them (measured on the demo's
+  paragraph records: 3 of 200 micro-batches at 16 rows, 175 at 8, so half the work was filler);
+  with no common shape at all every micro-batch compiles anew.
+  """
+  if bucket_of is None:
+    top = max_shape(list(shapes))
+    return [top] * len(shapes)
+  by_bucket: Dict[Any, List[tuple]] = {}
+  for shape in shapes:
+    by_bucket.setdefault(bucket_of(shape), []).append(shape)
+  top = {b: max_shape(v) for b, v in by_bucket.items()}
+  return [top[bucket_of(shape)] for shape in shapes]
+
+
+def rows_bucket(shape: tuple) -> int:
+  """The bucket of a packed batch shape (R, L, S, Q, N): its row count R, which the packer
+  already draws from a short ladder."""
+  return int(shape[0])
 
 
 def pad_batch(batch: Dict[str, np.ndarray], shape: tuple) -> Dict[str, np.ndarray]:

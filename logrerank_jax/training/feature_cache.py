@@ -41,10 +41,19 @@ def compute_features(cfg: LoGConfig, local_params, units, tokenizer, packing_cfg
                      group_size: int) -> List[Dict[str, np.ndarray]]:
   """Run the frozen local model over query units; return per-query node features and labels."""
   run = jax.jit(lambda p, b: local_features(cfg, p, b))
+  groups = query_groups(len(units), group_size)
+
+  def pack(group):
+    return data_lib.pack_units([units[i] for i in group], tokenizer, packing_cfg,
+                               cfg.contextual_encoding)
+  # Each group is padded to its row bucket's largest shape: one compile per bucket, where the
+  # groups' own shapes (spans, nodes) would nearly all differ and each compile anew.
+  shapes = data_lib.bucketed_shapes([data_lib.batch_shape(pack(g)) for g in groups],
+                                    data_lib.rows_bucket)
   out = []
-  for group in query_groups(len(units), group_size):
+  for group, shape in zip(groups, shapes):
     share = [units[i] for i in group]
-    b = data_lib.pack_units(share, tokenizer, packing_cfg, cfg.contextual_encoding)
+    b = data_lib.pad_batch(pack(group), shape)
     feats = jax.device_get(run(local_params, {k: jnp.asarray(v) for k, v in b.items()
                                               if k != "real_tokens"}))
     for qi in range(len(share)):

@@ -164,11 +164,11 @@ class StreamedBatches(collections.abc.Sequence):
 
 
 def pack_token_batches(units, groups, shares_of: Callable, tokenizer, pack_cfg: PackingConfig,
-                       contextual_encoding: bool) -> StreamedBatches:
-  """Every micro-batch's per-device shares, all padded to one shape (one compile), streamed.
+                       contextual_encoding: bool, shape_buckets: bool = True) -> StreamedBatches:
+  """Every micro-batch's per-device shares, padded to its row bucket's shape, streamed.
 
   A first pass packs each share of this process only to learn its shape and keeps nothing but
-  the shape; the micro-batches are packed again, on demand, when the trainer reaches them
+  the shapes; the micro-batches are packed again, on demand, when the trainer reaches them
   (host memory O(one micro-batch), at the price of tokenising the process's shard twice).
 
   Args:
@@ -176,23 +176,31 @@ def pack_token_batches(units, groups, shares_of: Callable, tokenizer, pack_cfg: 
     groups: micro-batches as lists of unit indices.
     shares_of: micro-batch -> this process's per-device shares (lists of unit indices).
     tokenizer, pack_cfg, contextual_encoding: how to pack.
+    shape_buckets: True: a micro-batch is padded to the largest shape among the micro-batches
+      with as many packed rows (the packer's row counts come from a short ladder, so a few
+      compiles); False: every micro-batch to the run's largest shape (one compile).
 
   Returns:
-    [micro-batch][device share] packed dicts of one shape (the maximum over the run and, in a
-    multi-host run, over every process); a device without units gets an inert share.
+    [micro-batch][device share] packed dicts; the shares of one micro-batch have one shape,
+    the same on every process of a multi-host run; a device without units gets an inert share.
   """
-  shapes = [data_lib.batch_shape(data_lib.pack_units([units[i] for i in s], tokenizer,
-                                                     pack_cfg, contextual_encoding))
-            for g in groups for s in shares_of(g) if s]
-  shape = data_lib.max_shape(shapes)
+  own = []
+  for g in groups:
+    sh = [data_lib.batch_shape(data_lib.pack_units([units[i] for i in s], tokenizer,
+                                                   pack_cfg, contextual_encoding))
+          for s in shares_of(g) if s]
+    own.append(data_lib.max_shape(sh) if sh else (0, 0, 0, 0, 0))
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-    shape = tuple(int(x) for x in np.max(multihost_utils.process_allgather(np.asarray(shape)), 0))
+    own = [tuple(int(x) for x in row) for row in np.max(
+        multihost_utils.process_allgather(np.asarray(own, np.int64)), 0)]
+  shape_of = data_lib.bucketed_shapes(own, data_lib.rows_bucket if shape_buckets else None)
   # Its own tokenizer: the prefetch thread packs while the main thread may pack validation
   # batches, and a HF fast tokenizer is not safe to drive from two threads at once.
   tok = copy.deepcopy(tokenizer)
 
   def make(i):
+    shape = shape_of[i]
     return [data_lib.pad_batch(data_lib.pack_units([units[j] for j in s], tok, pack_cfg,
                                                    contextual_encoding), shape)
             if s else data_lib.empty_batch(shape) for s in shares_of(groups[i])]
@@ -264,7 +272,8 @@ class LocalStage:
   def micro_batches(self, groups, shares_of):
     """[micro-batch][device share] packed token batches."""
     return pack_token_batches(self.units, groups, shares_of, self.tokenizer, self.pack_cfg,
-                              self.cfg.contextual_encoding)
+                              self.cfg.contextual_encoding,
+                              bool(self.config.get("shape_buckets", True)))
 
   def init_params(self, example, rng):
     """{"local": ...}: random heads, and the encoder of `init_checkpoint` when one is given."""
@@ -381,7 +390,8 @@ class GlobalStage:
     """[micro-batch][device share]: cached node features, or token batches without the cache."""
     if self.fp_base is None:
       return pack_token_batches(self.units, groups, shares_of, self.tokenizer, self.pack_cfg,
-                                self.cfg.contextual_encoding)
+                                self.cfg.contextual_encoding,
+                                bool(self.config.get("shape_buckets", True)))
     import time  # pylint: disable=g-import-not-at-top
     t0 = time.time()
     feats, hit = self._features(self.units, self.config.train_file, "train")
@@ -426,10 +436,13 @@ class GlobalStage:
       logits = self._global_logits(params["global"], self._node_features(batch), False, rng)
       per_query, has_pair = losses.pairwise_query_losses(
           logits, batch["passage_rank"], batch["sentence_rank"], batch["node_passage"],
-          batch["node_mask"])
+          batch["node_mask"], max_better_rank=max_better_rank)
       count = jnp.sum(has_pair).astype(jnp.float32)
       return {"pairwise": (jnp.sum(jnp.where(has_pair, per_query, 0.0)), count)}
 
+    max_better_rank = int(self.config.get("pairwise_max_better_rank", 0))
+    if max_better_rank < 0:
+      raise ConfigError(f"pairwise_max_better_rank must be >= 0, got {max_better_rank}")
     return loss_fn, {"pairwise": 1.0}
 
   def make_eval(self, val_units) -> Callable[[Any], Dict[str, float]]:
@@ -506,13 +519,22 @@ class PassageStage:
             "passage_mask": valid, "gold": gold, "real_tokens": np.asarray(real, np.int64)}
 
   def micro_batches(self, groups, shares_of):
-    """[micro-batch][device share] packed pair batches, all of one shape (one compile)."""
+    """[micro-batch][device share] packed pair batches, each micro-batch padded to its length
+    bucket (the next power of two >= 64 of its longest pair, at most the run's longest; one
+    compile per bucket) or, with `shape_buckets` False, all to the run's longest pair."""
     q_share = max(1, self.config.micro_batch_size // self.num_shards)
-    packed = [[self._pack([self.units[i] for i in s], q_share) for s in shares_of(g)]
-              for g in groups]
-    length = max(b["input_ids"].shape[-1] for mb in packed for b in mb)
+    own = np.asarray([max([self._pack([self.units[i] for i in s], q_share)["input_ids"].shape[-1]
+                           for s in shares_of(g)] or [0]) for g in groups], np.int64)
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+      own = np.max(multihost_utils.process_allgather(own), 0)
+    top = int(own.max())
+    if self.config.get("shape_buckets", True):
+      lengths = [min(top, max(64, 1 << (int(x) - 1).bit_length())) for x in own]
+    else:
+      lengths = [top] * len(groups)
     return [[self._pack([self.units[i] for i in s], q_share, length) for s in shares_of(g)]
-            for g in groups]
+            for g, length in zip(groups, lengths)]
 
   def micro_batch_groups(self, size: int, seed: int):
     """Micro-batches as lists of unit indices (shuffled with `seed`, `size` units each)."""
