@@ -23,6 +23,8 @@ import numpy as np
 from logrerank_jax.errors import ConfigError, LogRerankError
 from logrerank_jax.models.hf_common import (ACTIVATIONS, get_activation, init_module_params,
                                             read_hf_config)
+# Re-exported: the tiled kernel and its layout check are part of this module's API.
+from logrerank_jax.models.tiled_attention import positions_follow_tokens, tiled_attention  # pylint: disable=unused-import
 
 FULL_ATTENTION = "full_attention"
 SLIDING_ATTENTION = "sliding_attention"
@@ -49,9 +51,10 @@ class ModernBertConfig:
   `attention_impl` chooses how attention is computed: "xla" masks full [L, L] logits (the exact
   reference); "blocked" only computes sliding-window logits of neighbouring key blocks and
   requires positions that step by 1 inside a segment (as packing produces); "tiled" (fastest
-  on CPU, exact for any layout) computes one (row, head) tile at a time, global layers over the
-  row and window layers over neighbouring blocks when `positions_follow_tokens` holds (checked
-  at run time). "tiled" loops over rows x heads, so on GPUs keep "xla"/"blocked".
+  on CPU, exact for any layout) computes one (row, head group) tile at a time, global layers
+  over the row and window layers over neighbouring blocks when `positions_follow_tokens` holds
+  (checked at run time), with a flash-attention backward pass (`models/tiled_attention.py`).
+  "tiled" loops over rows x head groups, so on GPUs keep "xla"/"blocked".
   `layer_types` is the source of truth; `global_attn_every_n_layers` only derives it when
   `layer_types` is None and is then normalised to the smallest period reproducing it.
   """
@@ -412,107 +415,6 @@ def blocked_local_attention(q, k, v, segment_ids, position_ids, window, dropout_
   out = jnp.einsum("bnhqk,bnkhd->bnqhd", probs.astype(vb.dtype), vb,
                    preferred_element_type=jnp.float32)  # [B, nb, W, H, Dh]
   return out.reshape(b, nb * w, h, dh)[:, :l].astype(q.dtype)
-
-
-def _head_attention(q, k, v, seg_q, seg_k, pos_q, pos_k, window):
-  """Masked softmax attention of one head: q [..., Lq, Dh], k, v [..., Lk, Dh] -> float32.
-
-  Normalises after the value product (one pass less over the logits than `_masked_softmax`);
-  a query that sees no key gets the uniform average of all its keys, as in the reference.
-  """
-  logits = jnp.einsum("...qd,...kd->...qk", q, k,
-                      preferred_element_type=jnp.float32) * (q.shape[-1] ** -0.5)
-  mask = (seg_q[..., :, None] == seg_k[..., None, :]) & (seg_k[..., None, :] != 0)
-  if window is not None:
-    mask = mask & (jnp.abs(pos_q[..., :, None] - pos_k[..., None, :]) <= window)
-  logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
-  e = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))
-  out = jnp.einsum("...qk,...kd->...qd", e.astype(v.dtype), v, preferred_element_type=jnp.float32)
-  return out / jnp.sum(e, axis=-1, keepdims=True)
-
-
-def _window_blocks_head(q, k, v, seg, pos, window):
-  """Sliding-window attention of one head over blocks of `window` tokens: q, k, v [L, Dh]."""
-  l = q.shape[0]
-  w = max(int(window), 1)
-  nb = -(-l // w)
-  pad = nb * w - l
-  padded = lambda x: jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1))
-  q, k, v, seg, pos = (padded(x) for x in (q, k, v, seg, pos))  # padding gets segment 0
-  blocks = lambda x: x.reshape((nb, w) + x.shape[1:])
-
-  def neighbours(x):  # [nb, W, ...] -> [nb, 3W, ...]: previous, own and next block
-    zero = jnp.zeros_like(x[:1])
-    return jnp.concatenate([jnp.concatenate([zero, x[:-1]], 0), x,
-                            jnp.concatenate([x[1:], zero], 0)], axis=1)
-
-  out = _head_attention(blocks(q), neighbours(blocks(k)), neighbours(blocks(v)), blocks(seg),
-                        neighbours(blocks(seg)), blocks(pos), neighbours(blocks(pos)), window)
-  return out.reshape(nb * w, -1)[:l]
-
-
-def positions_follow_tokens(segment_ids: jax.Array, position_ids: jax.Array) -> jax.Array:
-  """True iff tokens of one segment are never closer in position than in index.
-
-  Checked on each row's real tokens in order: the next real token either starts a segment with
-  a larger id, or continues the same segment with a position that grew by at least its index
-  distance. Then every segment is one run and, for tokens i < j of a segment,
-  pos_j - pos_i >= j - i, so keys within `window` positions are within `window` tokens and the
-  block-local computation sees them all. Packed rows and default (arange) positions pass.
-
-  Args:
-    segment_ids, position_ids: int [B, L].
-
-  Returns:
-    bool scalar.
-  """
-  b, l = segment_ids.shape
-  idx = jnp.broadcast_to(jnp.arange(l, dtype=jnp.int32), (b, l))
-  real = segment_ids != 0
-  last = jax.lax.cummax(jnp.where(real, idx, -1), axis=1)  # last real index <= t
-  prev = jnp.concatenate([jnp.full((b, 1), -1, jnp.int32), last[:, :-1]], axis=1)  # < t
-  safe = jnp.maximum(prev, 0)
-  prev_seg = jnp.take_along_axis(segment_ids, safe, axis=1)
-  prev_pos = jnp.take_along_axis(position_ids, safe, axis=1)
-  new_segment = prev_seg < segment_ids
-  continues = (prev_seg == segment_ids) & (position_ids - prev_pos >= idx - prev)
-  ok = ~real | (prev < 0) | new_segment | continues
-  return jnp.all(ok)
-
-
-def tiled_attention(q, k, v, segment_ids, position_ids, window):
-  """Exact masked attention computed one (row, head) at a time, so each tile stays in cache.
-
-  Global layers: the [L, L] logits of one row and head (a few MB at most) instead of all
-  [B, H, L, L] at once, which on CPU is memory-bound. Sliding-window layers: blocks of `window`
-  tokens against their neighbouring blocks ([nb, W, 3W] per row and head), when
-  `positions_follow_tokens` holds (packed rows, default positions); otherwise, decided at run
-  time, the full [L, L] tile of the row and head with the window mask, so the result is exact
-  for any segment and position layout.
-
-  Args:
-    q, k, v: [B, L, H, Dh] (compute dtype).
-    segment_ids, position_ids: int [B, L] (0 = padding).
-    window: half window, or None (global).
-
-  Returns:
-    [B, L, H, Dh] in q's dtype.
-  """
-  b, l, h, dh = q.shape
-  heads = lambda x: x.transpose(0, 2, 1, 3).reshape(b * h, l, dh)  # [B*H, L, Dh]
-  per_head = lambda x: jnp.repeat(x, h, axis=0)  # [B*H, L]
-  xs = (heads(q), heads(k), heads(v), per_head(segment_ids), per_head(position_ids))
-
-  def full(ops):
-    return jax.lax.map(lambda t: _head_attention(t[0], t[1], t[2], t[3], t[3], t[4], t[4],
-                                                 window), ops)
-
-  if window is None:
-    out = full(xs)
-  else:
-    windowed = lambda ops: jax.lax.map(lambda t: _window_blocks_head(*t, window), ops)
-    out = jax.lax.cond(positions_follow_tokens(segment_ids, position_ids), windowed, full, xs)
-  return out.reshape(b, h, l, dh).transpose(0, 2, 1, 3).astype(q.dtype)
 
 
 def _dense(features, use_bias, dtype, name):
