@@ -85,13 +85,39 @@ def test_encoder_suite_small_smoke():
   assert max(out["max_abs_err_vs_torch"].values()) <= ATOL_PARITY, out["max_abs_err_vs_torch"]
   assert isinstance(out["load"]["reliable"], bool) and len(out["load"]["loadavg_before"]) == 3
   assert 0 < out["padding_efficiency"] <= 1
+  # The attention-free floor is timed and reported as a ceiling, never as the Flax result.
+  assert out["best_flax"] != encoder.FLOOR and encoder.FLOOR in out["tokens_per_s"]
+  c = out["ratio_ceiling_vs_torch"]
+  assert 0 < c["min"] <= c["median"] <= c["max"] and math.isfinite(c["max"])
+
+
+def test_attention_free_floor_mixes_no_tokens():
+  """The floor really has no attention: changing one token changes no other token's output,
+  while the same encoder compiled normally mixes it into every token of its sequence."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from benchmarks import encoder
+  from logrerank_jax.models.modernbert import ModernBertEncoder
+  cfg = bm.encoder_config("tiny", 64).replace(attention_impl="tiled")
+  enc = ModernBertEncoder(cfg)
+  ids = jnp.arange(4, 20, dtype=jnp.int32)[None]  # one 16-token sequence
+  params = enc.init(jax.random.PRNGKey(0), ids)["params"]
+  fwd = lambda p, x: enc.apply({"params": p}, x)
+  floor = encoder.attention_free_forward(fwd, params, ids)
+  other = ids.at[0, 5].set(30)
+  for run, mixes in ((floor, False), (jax.jit(fwd), True)):
+    changed = np.abs(np.asarray(run(params, other)) - np.asarray(run(params, ids))).max(-1)[0]
+    assert changed[5] > 0
+    rest = np.delete(changed, 5)
+    assert (rest.min() > 0) if mixes else (rest.max() == 0), (mixes, rest)
 
 
 def test_train_step_suite_small_smoke():
   from benchmarks import encoder
   out = encoder.train_step_suite(size="small", reps=5, queries=1, passages=2, log=lambda _: None)
-  r = out["ratio_vs_torch"]
-  assert 0 < r["min"] <= r["median"] <= r["max"] and math.isfinite(r["max"])
+  for key in ("ratio_vs_torch", "ratio_ceiling_vs_torch"):
+    r = out[key]
+    assert 0 < r["min"] <= r["median"] <= r["max"] and math.isfinite(r["max"]), key
   assert isinstance(out["load"]["reliable"], bool)
 
 
