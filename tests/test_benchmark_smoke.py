@@ -91,6 +91,18 @@ def test_encoder_suite_small_smoke():
   assert 0 < c["min"] <= c["median"] <= c["max"] and math.isfinite(c["max"])
 
 
+def test_kernels_suite_small_smoke():
+  """Dense and attention kernels of both frameworks timed on the same inputs; the attention
+  outputs agree (float32: the same logits and softmax in another order, <= 1e-5)."""
+  from benchmarks import encoder
+  out = encoder.kernels_suite(size="small", reps=5, queries=1, passages=2, log=lambda _: None)
+  assert set(out["xla_over_torch_time"]) == {
+      "dense_float32", "dense_bfloat16", "attention_global", "attention_global_grad",
+      "attention_window", "attention_window_grad"}
+  assert all(0 < v < math.inf for v in out["xla_over_torch_time"].values())
+  assert max(out["attention_max_abs_err_vs_torch"].values()) <= 1e-5, out
+
+
 def test_attention_free_floor_mixes_no_tokens():
   """The floor really has no attention: changing one token changes no other token's output,
   while the same encoder compiled normally mixes it into every token of its sequence."""

@@ -5,10 +5,12 @@
   python tools/benchmark.py --suite encoder,pipeline --size base --dtype bfloat16 \
       --data ../shared/data/scholarqabench --passages 50 --json gpu.json      # on a GPU
 
-Suites: encoder, train_step, pipeline, packing, recompile, cache, params (see benchmarks/).
-`encoder` and `train_step` are `benchmarks.encoder` (interleaved protocol, median and spread,
-load average recorded, the strongest simple PyTorch peer: sdpa on length-sorted batches); they
-run in a child process so their XLA flags and thread settings apply before JAX starts.
+Suites: encoder, train_step, kernels, pipeline, packing, recompile, cache, params (see
+benchmarks/). `encoder`, `train_step` and `kernels` are `benchmarks.encoder` (interleaved
+protocol, median and spread, load average recorded, the strongest simple PyTorch peer: sdpa on
+length-sorted batches; `kernels` times one dense projection and one attention layer of each
+framework on identical inputs); they run in a child process so their XLA flags and thread
+settings apply before JAX starts.
 Thread counts are fixed before JAX and torch start: the process CPU affinity (which bounds XLA's
 CPU thread pool) and torch.set_num_threads both get --threads; both are recorded in the JSON.
 """
@@ -20,8 +22,9 @@ import sys
 import time
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-SUITES = ("params", "packing", "encoder", "train_step", "pipeline", "cache", "recompile")
-ENCODER_SUITES = ("encoder", "train_step")  # benchmarks.encoder, in a child process
+SUITES = ("params", "packing", "encoder", "train_step", "kernels", "pipeline", "cache",
+          "recompile")
+ENCODER_SUITES = ("encoder", "train_step", "kernels")  # benchmarks.encoder, in a child process
 
 
 def parse_args(argv=None):
@@ -73,7 +76,7 @@ def encoder_child(suite: str, args, threads: int) -> dict:
   import subprocess  # pylint: disable=g-import-not-at-top
   import tempfile  # pylint: disable=g-import-not-at-top
   if args.size == "tiny":
-    return {"skipped": "encoder/train_step have sizes small and base"}
+    return {"skipped": "encoder/train_step/kernels have sizes small and base"}
   with tempfile.TemporaryDirectory() as tmp:
     out = os.path.join(tmp, "out.json")
     cmd = [sys.executable, "-m", "benchmarks.encoder", "--suite", suite, "--size", args.size,
