@@ -3,6 +3,7 @@
 import json
 import logging
 
+import jax
 import jax.numpy as jnp
 import pytest
 import transformers
@@ -129,3 +130,16 @@ def test_config_is_hashable_for_static_jit_args():
   a = ModernBertConfig.from_hf(_hf4_tiny(), dtype=jnp.bfloat16)
   b = ModernBertConfig.from_hf(_hf4_tiny(), dtype="bfloat16")
   assert a == b and hash(a) == hash(b)
+
+
+def test_attention_impl_auto_is_the_default_and_resolves_by_backend(monkeypatch):
+  cfg = ModernBertConfig()
+  assert cfg.attention_impl == "auto"
+  assert jax.default_backend() == "cpu"  # this suite runs on CPU
+  assert cfg.resolved_attention_impl() == "tiled"
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  assert cfg.resolved_attention_impl() == "xla"
+  for impl in ("xla", "blocked", "tiled"):  # an explicit choice is kept on every backend
+    assert cfg.replace(attention_impl=impl).resolved_attention_impl() == impl
+  with pytest.raises(ConfigError, match="attention_impl"):
+    cfg.replace(attention_impl="flash")

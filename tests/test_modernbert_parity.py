@@ -481,6 +481,21 @@ def test_tiled_encoder_matches_torch_on_padded_batch(overrides):
   assert err <= ATOL_F32, f"tiled, padded batch: max abs error {err:.2e} > {ATOL_F32}"
 
 
+def test_default_attention_on_cpu_is_the_tiled_path():
+  # attention_impl="auto" (the default) must be exactly the tiled computation on CPU.
+  hf_cfg = _hf_config(num_hidden_layers=3, global_attn_every_n_layers=2)
+  params = _torch_params_to_flax(
+      _randomise(transformers.ModernBertModel(hf_cfg), seed=23).state_dict())
+  ids, mask, seg, pos, _ = _packed_rows([[13, 20, 5], [25, 15]], seed=24)
+  outs = {}
+  for impl in ("auto", "tiled", "xla"):
+    enc = mb.ModernBertEncoder(mb.ModernBertConfig.from_hf(hf_cfg.to_dict(), attention_impl=impl))
+    outs[impl] = np.asarray(jax.jit(enc.apply)({"params": params}, ids, mask, seg, pos))
+  np.testing.assert_array_equal(outs["auto"], outs["tiled"])
+  # ... and not the reference's (else the first check could not tell them apart).
+  assert np.abs(outs["auto"] - outs["xla"]).max() > 0
+
+
 @pytest.mark.parametrize("local_attention", [8, 6, 12], ids=["win8", "win6", "win12"])
 def test_tiled_packed_rows_equal_sequences_run_alone(local_attention):
   hf_cfg = _hf_config(num_hidden_layers=3, global_attn_every_n_layers=2,

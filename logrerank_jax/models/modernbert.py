@@ -30,7 +30,7 @@ FULL_ATTENTION = "full_attention"
 SLIDING_ATTENTION = "sliding_attention"
 _LAYER_TYPES = (FULL_ATTENTION, SLIDING_ATTENTION)
 _POOLINGS = ("cls", "mean")
-_ATTENTION_IMPLS = ("xla", "blocked", "tiled")
+_ATTENTION_IMPLS = ("auto", "xla", "blocked", "tiled")
 
 # Fields a HF config.json must state: they fix the parameter shapes, so a default would be a guess.
 _REQUIRED_HF_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -54,7 +54,10 @@ class ModernBertConfig:
   on CPU, exact for any layout) computes one (row, head group) tile at a time, global layers
   over the row and window layers over neighbouring blocks when `positions_follow_tokens` holds
   (checked at run time), with a flash-attention backward pass (`models/tiled_attention.py`).
-  "tiled" loops over rows x head groups, so on GPUs keep "xla"/"blocked".
+  "tiled" loops over rows x head groups, so it is not for GPUs. "auto" (the default) is
+  "tiled" when JAX's default backend is the CPU and "xla" otherwise, decided when the model is
+  traced (`resolved_attention_impl`). With attention dropout active (training with
+  `attention_dropout > 0`), "tiled" uses the reference path, which applies the dropout.
   `layer_types` is the source of truth; `global_attn_every_n_layers` only derives it when
   `layer_types` is None and is then normalised to the smallest period reproducing it.
   """
@@ -84,7 +87,7 @@ class ModernBertConfig:
   classifier_dropout: float = 0.0
   num_labels: int = 1
   dtype: Any = jnp.float32
-  attention_impl: str = "xla"
+  attention_impl: str = "auto"
 
   def __post_init__(self):
     """Normalise derived fields and reject values the model cannot honour."""
@@ -144,6 +147,12 @@ class ModernBertConfig:
     for key in ("norm_eps", "global_rope_theta", "local_rope_theta", "attention_dropout",
                 "embedding_dropout", "mlp_dropout", "classifier_dropout"):
       object.__setattr__(self, key, float(getattr(self, key)))
+
+  def resolved_attention_impl(self) -> str:
+    """`attention_impl` with "auto" resolved for JAX's default backend (see the class doc)."""
+    if self.attention_impl != "auto":
+      return self.attention_impl
+    return "tiled" if jax.default_backend() == "cpu" else "xla"
 
   @property
   def head_dim(self) -> int:
@@ -439,11 +448,12 @@ class ModernBertAttention(nn.Module):
     probs_dropout = lambda p: dropout(p, deterministic=deterministic)
     window = cfg.sliding_window if self.layer_type == SLIDING_ATTENTION else None
     dropout_active = cfg.attention_dropout > 0.0 and not deterministic
-    if cfg.attention_impl == "tiled" and not dropout_active:
+    impl = cfg.resolved_attention_impl()
+    if impl == "tiled" and not dropout_active:
       # (With attention dropout in training, the reference path applies it to the probabilities.)
       out = tiled_attention(q, k, v, segment_ids, position_ids, window)
     elif self.layer_type == SLIDING_ATTENTION:
-      if cfg.attention_impl == "blocked":
+      if impl == "blocked":
         out = blocked_local_attention(q, k, v, segment_ids, position_ids, cfg.sliding_window,
                                       probs_dropout)
       else:
