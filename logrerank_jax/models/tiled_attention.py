@@ -11,7 +11,7 @@ masked by the window).
 The backward pass is flash-attention's: the forward keeps only its output and each query's
 softmax max and sum; the backward recomputes one tile's probabilities and forms dq, dk and dv
 from them. Differentiating through the forward's `lax.map` instead (what `jax.grad` does
-without the custom VJP) stores and replays every tile's intermediates and was measured 1.1-1.5x
+without the custom VJP) stores and replays every tile's intermediates and was measured 1.1-1.6x
 slower per attention layer on CPU (see docs/PERFORMANCE.md).
 
 Semantics are those of `modernbert.reference_attention`: a query sees the keys of its own
