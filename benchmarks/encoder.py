@@ -206,11 +206,13 @@ def attention_free_forward(fn, *example_args, **jit_kwargs):
   import jax  # pylint: disable=g-import-not-at-top
   from unittest import mock  # pylint: disable=g-import-not-at-top
   from logrerank_jax.models import modernbert  # pylint: disable=g-import-not-at-top
-  values = lambda q, k, v, segment_ids, position_ids, window: v
+  values = lambda q, k, v, *rest: v
   # A fresh wrapper: jax.jit caches traces by function, so jitting `fn` itself here would let a
   # later plain `jax.jit(fn)` reuse this attention-free trace (and the other way round).
   fresh = lambda *args: fn(*args)
-  with mock.patch.object(modernbert, "tiled_attention", values):
+  # Every kernel `ModernBertAttention` may call, whatever `attention_impl` picks.
+  with mock.patch.multiple(modernbert, tiled_attention=values, reference_attention=values,
+                           blocked_local_attention=values):
     return jax.jit(fresh, **jit_kwargs).lower(*example_args).compile()
 
 
@@ -265,7 +267,7 @@ def encoder_suite(size: str = "small", threads: Optional[int] = None, reps: int 
     flax_out[impl] = [np.asarray(fwd(params, b)) for b in dev]  # compiles every chunk shape
     log(f"flax {impl}: compiled and ran once in {time.perf_counter() - t0:.1f} s")
     fns[f"flax_{impl}"] = (lambda fwd=fwd: [fwd(params, b) for b in dev])
-  floor_enc = ModernBertEncoder(cfg.replace(attention_impl="tiled"))
+  floor_enc = ModernBertEncoder(cfg)
   floor_fwd = lambda p, b: floor_enc.apply({"params": p}, b["input_ids"], b["attention_mask"],
                                            b["segment_ids"], b["position_ids"])
   floors = [attention_free_forward(floor_fwd, params, b) for b in dev]
