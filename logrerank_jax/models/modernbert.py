@@ -25,6 +25,8 @@ from logrerank_jax.models.hf_common import (ACTIVATIONS, get_activation, init_mo
                                             read_hf_config)
 # Re-exported: the tiled kernel and its layout check are part of this module's API.
 from logrerank_jax.models.tiled_attention import positions_follow_tokens, tiled_attention  # pylint: disable=unused-import
+# The neighbour-block view and the segment/window mask shared with the tiled kernel.
+from logrerank_jax.models.tiled_attention import _neighbours, _tile_mask  # pylint: disable=protected-access
 
 FULL_ATTENTION = "full_attention"
 SLIDING_ATTENTION = "sliding_attention"
@@ -405,22 +407,15 @@ def blocked_local_attention(q, k, v, segment_ids, position_ids, window, dropout_
   q, k, v, seg, pos = (padded(x) for x in (q, k, v, segment_ids, position_ids))
   blocks = lambda x: x.reshape((b, nb, w) + x.shape[2:])  # [B, nb, W, ...]
 
-  def neighbours(x):
-    # [B, nb, W, ...] -> [B, nb, 3W, ...]: previous, own and next block (zeros past the ends).
-    zero = jnp.zeros_like(x[:, :1])
-    prev = jnp.concatenate([zero, x[:, :-1]], axis=1)
-    nxt = jnp.concatenate([x[:, 1:], zero], axis=1)
-    return jnp.concatenate([prev, x, nxt], axis=2)
-
+  neighbours = lambda x: _neighbours(x, axis=1)  # [B, nb, W, ...] -> [B, nb, 3W, ...]
   qb, segq, posq = blocks(q), blocks(seg), blocks(pos)  # [B, nb, W, H, Dh], [B, nb, W]
   kb, vb = neighbours(blocks(k)), neighbours(blocks(v))  # [B, nb, 3W, H, Dh]
   segk, posk = neighbours(blocks(seg)), neighbours(blocks(pos))  # [B, nb, 3W]
   scale = dh ** -0.5
   logits = jnp.einsum("bnqhd,bnkhd->bnhqk", qb, kb,
                       preferred_element_type=jnp.float32) * scale  # [B, nb, H, W, 3W]
-  mask = ((segq[..., :, None] == segk[..., None, :]) & (segk[..., None, :] != 0)
-          & (jnp.abs(posq[..., :, None] - posk[..., None, :]) <= window))  # [B, nb, W, 3W]
-  probs = dropout_fn(_masked_softmax(logits, mask[:, :, None]))
+  mask = _tile_mask(segq, segk, posq, posk, window)  # [B, nb, 1, W, 3W]
+  probs = dropout_fn(_masked_softmax(logits, mask))
   out = jnp.einsum("bnhqk,bnkhd->bnqhd", probs.astype(vb.dtype), vb,
                    preferred_element_type=jnp.float32)  # [B, nb, W, H, Dh]
   return out.reshape(b, nb * w, h, dh)[:, :l].astype(q.dtype)
