@@ -32,6 +32,7 @@ from logrerank_jax.training import data as data_lib
 from logrerank_jax.training import optim
 from logrerank_jax.training import step as step_lib
 from logrerank_jax.training.checkpoints import Checkpointer
+from logrerank_jax.training.metric_log import MetricLog
 from logrerank_jax.training.stages import make_stage
 
 
@@ -188,7 +189,8 @@ def train_and_evaluate(config, workdir: str) -> Dict[str, Any]:
 
   Args:
     config: an ml_collections ConfigDict from `configs/local_stage.py` or `configs/global_stage.py`.
-    workdir: run folder: checkpoints/, best/, metrics.jsonl, tokenizer/, model/ (the export).
+    workdir: run folder: checkpoints/, best/, metrics.jsonl, tensorboard/, tokenizer/, model/
+      (the export).
 
   Returns:
     Summary dict: final step, last training loss, last validation metrics, model folder.
@@ -256,15 +258,14 @@ def train_and_evaluate(config, workdir: str) -> Dict[str, Any]:
 
     eval_fn = stage.make_eval(val_units)
 
-    log_path = os.path.join(workdir, "metrics.jsonl")
-    log = open(log_path, "a", encoding="utf-8") if proc == 0 else None
+    start = int(jax.device_get(take_state(dstate).step))
+    # metrics.jsonl and TensorBoard events (training/metric_log.py); process 0 writes.
+    log = MetricLog(workdir, enabled=proc == 0, start_step=start)
+    log_path = log.path
 
     def write(rec):
-      if log is not None:
-        log.write(json.dumps(rec) + "\n")
-        log.flush()
+      log.write(rec)
 
-    start = int(jax.device_get(take_state(dstate).step))
     write({"event": "start", "stage": config.stage, "step": start, "micro_batches_per_epoch": num_mb,
            "total_micro_steps": total_micro, "devices": num_shards, "processes": nproc,
            "prep_seconds": prep_seconds, "invalid_records_skipped": report.n_invalid, **cache_info})
@@ -337,7 +338,6 @@ def train_and_evaluate(config, workdir: str) -> Dict[str, Any]:
                           "max_query_tokens": config.max_query_tokens}}
       stage.save(model_dir, export_params, info)  # a LoG model folder, or the stage's own format
   write({"event": "end", "step": int(final_state.step), "loss": last_loss, "val": val})
-  if log is not None:
-    log.close()
+  log.close()
   return {"step": int(final_state.step), "loss": last_loss, "val": val, "model_dir": model_dir,
           **cache_info}
