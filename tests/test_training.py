@@ -209,12 +209,24 @@ def test_feature_cache_equals_recompute_and_loss_falls(data, tmp_path):
     _run(spec, 1, tmp_path / f"{name}.json")
     return _params(tmp_path / f"{name}.npz"), time.time() - t0
 
-  # The tiny config's own optimizer settings: the pairwise loss falls.
-  trained, _ = global_run("g_tiny", learning_rate=3e-3, adam_eps=1e-8)
-  assert int(trained["__step__"]) == 9  # 6 queries / 2 per step x 3 epochs
-  glosses = [r["loss"] for r in map(json.loads, (tmp_path / "g_tiny" / "metrics.jsonl").read_text()
+  # The global stage from tools/train.py too, with the tiny config's own optimizer settings:
+  # the pairwise loss falls.
+  g_tiny = tmp_path / "g_tiny"
+  res = subprocess.run(
+      [sys.executable, str(ROOT / "tools" / "train.py"), "--config",
+       str(ROOT / "configs" / "global_stage.py") + ":tiny", f"--workdir={g_tiny}",
+       f"--config.local_checkpoint={local}", f"--config.train_file={data / 'train.jsonl'}",
+       f"--config.val_file={data / 'val.jsonl'}", f"--config.tokenizer={data / 'tok'}",
+       "--config.micro_batch_size=2", "--config.log_every_steps=1", "--config.tau_sim=0.3",
+       "--config.delta=0.5", "--config.dropout=0.0", "--config.progress_bar=False"],
+      env=env, capture_output=True, text=True, timeout=300)
+  assert res.returncode == 0, res.stderr[-4000:]
+  assert "done: step 9," in res.stdout, res.stdout[-2000:]  # 6 queries / 2 per step x 3 epochs
+  glosses = [r["loss"] for r in map(json.loads, (g_tiny / "metrics.jsonl").read_text()
                                      .splitlines()) if r["event"] == "train"]
   assert np.mean(glosses[-3:]) < np.mean(glosses[:3])
+  _check_tensorboard(local, steps, ("train/loss", "train/rank", "train/role"))
+  _check_tensorboard(g_tiny, 9, ("train/loss", "train/pairwise"))
 
   # Cached vs recomputed features: the same math, but the frozen encoder runs on differently
   # packed rows, so features differ by float rounding (~1e-7); compared under EQUALITY (see top).
@@ -225,6 +237,31 @@ def test_feature_cache_equals_recompute_and_loss_falls(data, tmp_path):
   moved = max(float(np.abs(init[k] - cached[k]).max()) for k in init if not k.startswith("__"))
   assert moved > 100 * 1e-5
   print(f"global stage wall time: cached {t_cached:.1f}s, recomputed {t_recomputed:.1f}s")
+
+
+def _check_tensorboard(workdir, steps, train_tags):
+  """The run's TensorBoard events, read back with TensorBoard's own reader, hold every logged
+  training step of the loss terms, the learning rate and throughput, and the validation metrics,
+  with the values metrics.jsonl holds."""
+  from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+  acc = EventAccumulator(str(workdir / "tensorboard"), size_guidance={"scalars": 0})
+  acc.Reload()
+  tags = set(acc.Tags()["scalars"])
+  want = set(train_tags) | {"train/lr", "throughput/tokens_per_s", "throughput/units_per_s",
+                            "val/ndcg@10", "val/map@10", "val/recall@10"}
+  assert want <= tags, sorted(want - tags)
+  records = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+  train = {r["step"]: r for r in records if r["event"] == "train"}
+  val = {r["step"]: r for r in records if r["event"] == "val"}
+  assert len(train) == steps and val
+  for tag in want:
+    kind, key = tag.split("/")
+    source = val if kind == "val" else train
+    got = {e.step: e.value for e in acc.Scalars(tag)}
+    assert got.keys() == source.keys(), tag
+    # Event files hold float32: compare at float32 resolution (relative 2^-23 ~ 1.2e-7, x8).
+    np.testing.assert_allclose([got[k] for k in sorted(got)],
+                               [source[k][key] for k in sorted(got)], rtol=1e-6, err_msg=tag)
 
 
 def test_nan_loss_stops_with_step_and_keeps_checkpoint(data, tmp_path, monkeypatch):
