@@ -140,6 +140,37 @@ def check_bert_buffer(name: str, value: Any, cfg) -> str:
   return ""
 
 
+def pop_bert_buffers(sd: Mapping[str, Any], cfg, prefixes: Sequence[str] = ("",) + BERT_TORCH_PREFIXES,
+                     what: str = "state dict") -> Tuple[Dict[str, Any], List[str]]:
+  """Split transformers' id buffers (`BERT_BUFFER_KEYS`, under any of `prefixes`) off a state dict.
+
+  The one place both BERT-family readers (`bert_params_from_torch`, and the LoG reader in
+  `log_map` with its `local.encoder.` prefix) tolerate the buffers: by exact name, and only
+  when they hold the values transformers rebuilds them with.
+
+  Returns:
+    (the state dict without the buffers, the buffer keys found).
+
+  Raises:
+    CheckpointError: naming every buffer that holds other values.
+  """
+  rest: Dict[str, Any] = {}
+  found, bad = [], []
+  for key, value in sd.items():
+    prefix = next((p for p in prefixes if key.startswith(p) and key[len(p):] in BERT_BUFFER_KEYS),
+                  None)
+    if prefix is None:
+      rest[key] = value
+      continue
+    found.append(key)
+    problem = check_bert_buffer(key[len(prefix):], value, cfg)
+    if problem:
+      bad.append(prefix + problem)
+  if bad:
+    raise CheckpointError(f"{what} buffers hold unexpected values: {bad}")
+  return rest, found
+
+
 def _canonical_keys(sd: Mapping[str, Any], cfg) -> Tuple[Dict[str, Any], List[str], List[str]]:
   """Strip the task-model encoder prefix; split off task heads and tolerated buffers.
 
@@ -150,21 +181,16 @@ def _canonical_keys(sd: Mapping[str, Any], cfg) -> Tuple[Dict[str, Any], List[st
     CheckpointError: the same tensor appears with and without a prefix, or a buffer holds
       values transformers would not rebuild.
   """
+  sd, buffers = pop_bert_buffers(sd, cfg)
   out: Dict[str, Any] = {}
   source: Dict[str, str] = {}
-  heads, buffers, clashes, bad_buffers = [], [], [], []
+  heads, clashes = [], []
   for key, value in sd.items():
     bare = key
     for prefix in BERT_TORCH_PREFIXES:
       if key.startswith(prefix):
         bare = key[len(prefix):]
         break
-    if bare in BERT_BUFFER_KEYS:
-      problem = check_bert_buffer(bare, value, cfg)
-      if problem:
-        bad_buffers.append(problem)
-      buffers.append(key)
-      continue
     if bare in out:
       clashes.append(f"{source[bare]} / {key}")
       continue
@@ -175,8 +201,6 @@ def _canonical_keys(sd: Mapping[str, Any], cfg) -> Tuple[Dict[str, Any], List[st
   if clashes:
     raise CheckpointError("state dict holds the same tensor with and without the "
                           f"{'/'.join(BERT_TORCH_PREFIXES)} prefix: {clashes}")
-  if bad_buffers:
-    raise CheckpointError(f"state dict buffers hold unexpected values: {bad_buffers}")
   return out, heads, buffers
 
 

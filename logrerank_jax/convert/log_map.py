@@ -26,7 +26,7 @@ import os
 import re
 from typing import Any, Dict, List, Mapping, Tuple, Union
 
-from logrerank_jax.convert.bert_map import BERT_BUFFER_KEYS, bert_encoder_rules, check_bert_buffer
+from logrerank_jax.convert.bert_map import bert_encoder_rules, pop_bert_buffers
 from logrerank_jax.convert.modernbert_map import (MODERNBERT_ENCODER_RULES, ParamRule, Params,
                                                   Rule, StateDict, expand_rules, modernbert_dims,
                                                   params_from_torch, params_to_torch)
@@ -256,14 +256,8 @@ def log_params_from_torch(sd: Mapping[str, Any], cfg, rename=None) -> Params:
   if isinstance(encoder, BertConfig):
     # transformers' BertModel may carry its position / token-type id buffers (older versions
     # save them): tolerated by name when they hold the values transformers rebuilds.
-    sd, bad = dict(sd), []
-    for name in BERT_BUFFER_KEYS:
-      if ENCODER_PREFIX + name in sd:
-        problem = check_bert_buffer(name, sd.pop(ENCODER_PREFIX + name), encoder)
-        if problem:
-          bad.append(ENCODER_PREFIX + problem)
-    if bad:
-      raise CheckpointError(f"LoG-Reranker state dict buffers hold unexpected values: {bad}")
+    sd, _ = pop_bert_buffers(sd, encoder, prefixes=(ENCODER_PREFIX,),
+                             what="LoG-Reranker state dict")
   return params_from_torch(sd, log_rules(cfg), what="LoG-Reranker state dict")
 
 
