@@ -1,7 +1,7 @@
 """Random weights for the tiny transformers models of the parity and conversion tests.
 
 Two recipes, each used by several test files (their tolerances were derived with them, so each
-is kept exactly). A parameter is a norm's if "norm" is in its lowercased name (ModernBERT's
+is kept exactly; `torch_reference.randomise_` is the second with std 0.2). A parameter is a norm's if "norm" is in its lowercased name (ModernBERT's
 `*norm.*`, BERT's `LayerNorm.*`).
 """
 
@@ -29,8 +29,8 @@ def randomise_normal(model, seed: int):
   return model.eval()
 
 
-def randomise_uniform_norms(model, seed: int):
-  """Norm weights uniform in [0.5, 1.5), biases 0.1 n, the rest 0.15 n: every tensor clearly
+def randomise_uniform_norms(model, seed: int, std: float = 0.15):
+  """Norm weights uniform in [0.5, 1.5), biases 0.1 n, the rest `std` n: every tensor clearly
   nonzero and distinct (the conversion tests check that each lands in its own place)."""
   g = torch.Generator().manual_seed(seed)
   with torch.no_grad():
@@ -40,5 +40,5 @@ def randomise_uniform_norms(model, seed: int):
       elif name.endswith("bias"):
         p.copy_(0.1 * torch.randn(p.shape, generator=g))
       else:
-        p.copy_(0.15 * torch.randn(p.shape, generator=g))
+        p.copy_(std * torch.randn(p.shape, generator=g))
   return model.eval()
