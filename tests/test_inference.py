@@ -246,9 +246,10 @@ def test_openscholar_writer_keeps_fields_and_ctxs(outputs, pools):
 
 
 def test_compilation_cache_dir_is_private(tmp_path):
+  before = jax.config.jax_compilation_cache_dir  # the test run's own cache (conftest.py)
   path = inference.enable_compilation_cache(str(tmp_path / "cache" / "xla"))
   try:
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o700
     assert jax.config.jax_compilation_cache_dir == path
   finally:
-    jax.config.update("jax_compilation_cache_dir", None)
+    jax.config.update("jax_compilation_cache_dir", before)
