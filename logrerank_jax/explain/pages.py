@@ -56,7 +56,7 @@ _FORM = """<main class="log-page"><header class="page-head"><h1>LoG-Reranker: se
 <label>A shipped demo pool <select name="pool"><option value="">(choose one, or paste below)</option>
 </select></label>
 <label>Question<br><textarea name="question" rows="2" required></textarea></label>
-<label>Passages, separated by a blank line (a passage's first line is its text)<br>
+<label>Passages, separated by a blank line<br>
 <textarea name="passages" rows="12" required></textarea></label>
 <button type="submit">Rerank</button>
 </form>

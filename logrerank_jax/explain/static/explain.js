@@ -181,8 +181,10 @@
                             "class": "graph", role: "group",
                             "aria-label": "Sentence graph: " + g.nodes.length + " nodes grouped by passage"});
     var defs = svgEl("defs", {});
+    // Arrow heads in user units: the same size when a focused edge is drawn thicker.
     var marker = svgEl("marker", {id: "arrow", viewBox: "0 0 10 10", refX: 9, refY: 5,
-                                  markerWidth: 7, markerHeight: 7, orient: "auto-start-reverse"});
+                                  markerWidth: 11, markerHeight: 11, markerUnits: "userSpaceOnUse",
+                                  orient: "auto-start-reverse"});
     marker.appendChild(svgEl("path", {d: "M0,0 L10,5 L0,10 z", "class": "arrow-head"}));
     defs.appendChild(marker);
     svg.appendChild(defs);
@@ -497,7 +499,7 @@
       if (!pool) { return; }
       form.elements.question.value = pool.input || pool.question || "";
       form.elements.passages.value = (pool.ctxs || pool.passages || []).map(function (c) {
-        return typeof c === "string" ? c : ((c.title ? c.title + "\n" : "") + c.text);
+        return typeof c === "string" ? c : c.text;
       }).join("\n\n");
     });
     form.addEventListener("submit", function (ev) {
