@@ -15,7 +15,10 @@ passages.
      "passages": [{"index", "id", "title", "num_sentences", "num_windows",
                    "truncated_sentences", "empty_sentences"}, ...],
      "context": [{"passage", "sentence", "text", "score", "role",
-                  "predecessor", "successor", "similar"}, ...]}
+                  "predecessor", "successor", "similar"}, ...],
+     "graph": {"nodes": [{"id", "passage", "sentence", "text", "role", "local_score",
+                          "global_score", "score", "rank", "unit"}, ...],
+               "edges": [{"source", "target", "kind", "type", "type_name"}, ...]}}
 and of a record that cannot be processed (`RecordError.to_dict()`):
     {"line", "id", "query", "error": "<one line>"}.
 `passage`/`sentence` are indices into the input's passage list and the passage's sentences;
@@ -26,9 +29,22 @@ passages by their best sentence (`logrerank_jax.ranking`), then passages without
 so every input passage appears exactly once. A passage whose text was unusable (NaN, null,
 a number, empty) is kept, unranked, at the end, with its reason in `passages[i]["skipped"]`.
 Context units of the flat-list ablation have no predecessor/successor/similar fields.
+
+`graph` is the sentence graph of the context units (`SentenceGraph`), what an explanation page
+draws: its nodes are the units' sentences and their expansions, each once, grouped by passage
+(passages in `passage_ranking` order, sentences in text order), with the sentence's role,
+scores and `rank` (in `ranked_sentences`); `unit` is the index of the context unit the node
+heads, None for a node that is only an expansion. Its edges are the links the units were
+expanded along: `kind` "adjacency" (predecessor -> sentence -> successor, source -> target in
+text order) or "similarity" (unit sentence -- similar sentence, two-way in the model, listed
+once); `source`/`target` are node ids (positions in `nodes`). `type` is the edge type by the
+rule of `graph/build.py` (`schema.adjacency_edge_type` of the two argmax roles, 0..6; 7 for
+similarity) and `type_name` its name (`schema.EDGE_TYPE_NAMES`); a model trained "w/o edge
+types" gave every edge type 0 instead. Flat-list units give nodes and no edges.
 """
 
 import dataclasses
+import functools
 import math
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -36,7 +52,8 @@ import numpy as np
 
 from logrerank_jax.errors import DataError
 from logrerank_jax.ranking import passage_order, passage_scores, sentence_order
-from logrerank_jax.schema import ROLE_NAMES
+from logrerank_jax.schema import (EDGE_TYPE_NAMES, ROLE_NAMES, SIMILARITY_EDGE_TYPE,
+                                  adjacency_edge_type)
 
 
 def finite(x: float) -> float:
@@ -126,6 +143,110 @@ class ContextUnit:
 
 
 @dataclasses.dataclass(frozen=True)
+class GraphNode:
+  """One sentence of the context units' graph."""
+  id: int                         # its position in `SentenceGraph.nodes`
+  passage: int
+  sentence: int
+  text: str
+  role: str                       # argmax role (ties to the lower index)
+  local_score: float
+  global_score: Optional[float]   # None without a global stage
+  score: float
+  rank: int                       # its rank among all the query's sentences (1 = best)
+  unit: Optional[int]             # the context unit it heads; None: only an expansion
+
+  def to_dict(self) -> Dict[str, Any]:
+    return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphEdge:
+  """One link a context unit was expanded along."""
+  source: int      # node ids
+  target: int
+  kind: str        # "adjacency" (source -> target in text order) or "similarity" (two-way)
+  type: int        # edge type (schema: 0..6 adjacency by roles, 7 similarity)
+
+  @property
+  def type_name(self) -> str:
+    return EDGE_TYPE_NAMES[self.type]
+
+  def to_dict(self) -> Dict[str, Any]:
+    return {"source": self.source, "target": self.target, "kind": self.kind,
+            "type": self.type, "type_name": self.type_name}
+
+
+@dataclasses.dataclass(frozen=True)
+class SentenceGraph:
+  """The sentence graph of a query's context units (see the module docstring)."""
+  nodes: Tuple[GraphNode, ...]
+  edges: Tuple[GraphEdge, ...]
+
+  def to_dict(self) -> Dict[str, Any]:
+    return {"nodes": [n.to_dict() for n in self.nodes], "edges": [e.to_dict() for e in self.edges]}
+
+
+def context_graph(context: Sequence[ContextUnit], ranked: Sequence[RankedSentence],
+                  passage_ranking: Sequence[int]) -> SentenceGraph:
+  """Build the sentence graph of the context units: their sentences and expansion links.
+
+  Args:
+    context: the context units, in generator order.
+    ranked: every ranked sentence of the query (the nodes' roles and scores come from here).
+    passage_ranking: passage indices, best first (the node groups' order).
+
+  Returns:
+    The `SentenceGraph`.
+
+  Raises:
+    DataError: a unit names a sentence that is not among the ranked ones.
+  """
+  by_key = {(s.passage, s.sentence): s for s in ranked}
+
+  def key(ref: SentenceRef) -> Tuple[int, int]:
+    k = (ref.passage, ref.sentence)
+    if k not in by_key:
+      raise DataError(f"context unit names passage {ref.passage} sentence {ref.sentence}, "
+                      "which is not a ranked sentence")
+    return k
+
+  heads: Dict[Tuple[int, int], int] = {}
+  links: List[Tuple[str, Tuple[int, int], Tuple[int, int]]] = []  # (kind, source, target)
+  for i, unit in enumerate(context):
+    n = key(unit.sentence)
+    heads.setdefault(n, i)
+    if unit.predecessor is not None:
+      links.append(("adjacency", key(unit.predecessor), n))
+    if unit.successor is not None:
+      links.append(("adjacency", n, key(unit.successor)))
+    links.extend(("similarity", n, key(v)) for v in unit.similar or ())
+  members = set(heads) | {k for _, a, b in links for k in (a, b)}
+  position = {p: i for i, p in enumerate(passage_ranking)}
+  order = sorted(members, key=lambda k: (position.get(k[0], len(position)), k))
+  ids = {k: i for i, k in enumerate(order)}
+  nodes = tuple(GraphNode(id=ids[k], passage=k[0], sentence=k[1], text=by_key[k].text,
+                          role=by_key[k].role, local_score=by_key[k].local_score,
+                          global_score=by_key[k].global_score, score=by_key[k].score,
+                          rank=by_key[k].rank, unit=heads.get(k))
+                  for k in order)
+  edges, seen = [], set()
+  for kind, a, b in links:
+    # An adjacency link has a direction (text order); a similarity link is two-way.
+    ident = (kind, a, b) if kind == "adjacency" else (kind, frozenset((a, b)))
+    if ident in seen:
+      continue
+    seen.add(ident)
+    if kind == "adjacency":
+      etype = int(adjacency_edge_type(ROLE_NAMES.index(by_key[a].role),
+                                      ROLE_NAMES.index(by_key[b].role)))
+    else:
+      etype = SIMILARITY_EDGE_TYPE
+    edges.append(GraphEdge(source=ids[a], target=ids[b], kind=kind, type=etype))
+  return SentenceGraph(nodes=nodes, edges=tuple(edges))
+
+
+@dataclasses.dataclass(frozen=True)
 class RerankResult:
   """One reranked query."""
   line: Optional[int]
@@ -143,13 +264,19 @@ class RerankResult:
     """(passage index, reason) of the passages that could not be scored."""
     return [(p.index, p.skipped) for p in self.passages if p.skipped is not None]
 
+  @functools.cached_property
+  def graph(self) -> SentenceGraph:
+    """The sentence graph of the context units (derived, so it always agrees with them)."""
+    return context_graph(self.context, self.ranked_sentences, self.passage_ranking)
+
   def to_dict(self) -> Dict[str, Any]:
     return {"line": self.line, "id": self.id, "query": self.query, "error": None,
             "query_truncated": self.query_truncated,
             "ranked_sentences": [s.to_dict() for s in self.ranked_sentences],
             "passage_ranking": list(self.passage_ranking),
             "passages": [p.to_dict() for p in self.passages],
-            "context": [u.to_dict() for u in self.context]}
+            "context": [u.to_dict() for u in self.context],
+            "graph": self.graph.to_dict()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -272,10 +399,15 @@ def make_result(res: QueryScores, line: Optional[int] = None) -> Result:
                                empty_sentences=tuple(res.passage_info[p][2]),
                                skipped=ps.skipped)
                    for p, ps in enumerate(rec.passages))
-  return RerankResult(line=line, id=rec.record_id, query=rec.query,
-                      query_truncated=res.query_truncated, ranked_sentences=tuple(ranked),
-                      passage_ranking=tuple(passage_ranking), passages=passages,
-                      context=tuple(context))
+  result = RerankResult(line=line, id=rec.record_id, query=rec.query,
+                        query_truncated=res.query_truncated, ranked_sentences=tuple(ranked),
+                        passage_ranking=tuple(passage_ranking), passages=passages,
+                        context=tuple(context))
+  try:
+    result.graph  # pylint: disable=pointless-statement  (built now: a bad unit is this record's error)
+  except DataError as e:
+    return record_error(rec.raw, str(e), line)
+  return result
 
 
 # ------------------------------------------------------------------------ the notebook view

@@ -17,6 +17,22 @@ SPAN_NONE, SPAN_QUERY, SPAN_SENTENCE = 0, 1, 2
 NUM_EDGE_TYPES = 8
 SIMILARITY_EDGE_TYPE = 7
 
+
+def adjacency_edge_type(src_role, dst_role):
+  """Return the adjacency edge type of (source role, target role), the one rule of eq 8-9.
+
+  Same role -> 0; the directed cross-role pair (src, dst), src != dst, maps to
+  1 + 2 * src + (dst if dst < src else dst - 1), i.e. 1..6. Plain arithmetic, so it works on
+  Python ints (the typed results) and elementwise on NumPy / JAX int arrays (`graph/build.py`).
+  """
+  return (1 + 2 * src_role + dst_role - (dst_role > src_role)) * (src_role != dst_role)
+
+
+# Readable name of each edge type: 0 same role, 1..6 "source->target" roles, 7 similarity.
+EDGE_TYPE_NAMES = (("same role",) + tuple(f"{ROLE_NAMES[s]}->{ROLE_NAMES[d]}"
+                                          for s in range(NUM_ROLES) for d in range(NUM_ROLES)
+                                          if s != d) + ("similarity",))
+
 # Arrays of a packed batch, by what reads them.
 TOKEN_KEYS = ("input_ids", "attention_mask", "segment_ids", "position_ids", "span_ids")  # [R, L]
 SPAN_KEYS = ("span_kind", "span_query", "span_node")                                   # [S]

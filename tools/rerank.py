@@ -4,7 +4,7 @@
       [--format log|openscholar] [--strict] [--queries-per-batch 4] [--row-len N] \
       [--max-query-tokens N] [--local-slots N] [--precompile] \
       [--distributed [--coordinator-address HOST:PORT --num-processes P --process-id I]] \
-      [--compilation-cache DIR | --no-compilation-cache] [--no-progress]
+      [--compilation-cache DIR | --no-compilation-cache] [--no-progress] [--html OUT_DIR]
 
 Input lines: {"input"|"question": str, "ctxs"|"passages": [{"title", "text", ...}], ...}.
 Output: one line per non-blank input line, in order (see `logrerank_jax/inference.py` for the
@@ -24,6 +24,11 @@ compiles nothing. `--distributed` initialises `jax.distributed` (coordinator fla
 auto-detected on a cluster): process i of P reranks records i, i+P, ... on its own devices,
 writes them to `OUTPUT.shard-i-of-P` next to the output, and process 0 merges the shards in
 input order after a barrier (every record exactly once) and prints the summary.
+
+`--html OUT_DIR` also writes one self-contained explanation page per record
+(`record-00001.html`, ...: question, passages in LoG's order, sentence roles and score changes,
+the sentence graph and context units) and `index.html`, built by `logrerank_jax.explain` from
+the same results the JSONL holds.
 """
 
 import argparse
@@ -37,6 +42,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import jax  # pylint: disable=g-import-not-at-top
 
+from logrerank_jax import explain  # pylint: disable=g-import-not-at-top
 from logrerank_jax import inference  # pylint: disable=g-import-not-at-top
 from logrerank_jax import results as results_lib  # pylint: disable=g-import-not-at-top
 from logrerank_jax.data.inference_input import read_inference_file  # pylint: disable=g-import-not-at-top
@@ -85,6 +91,9 @@ def parse_args(argv=None):
                       "~/.cache/logrerank_jax/xla; created with 0o700)")
   p.add_argument("--no-compilation-cache", action="store_true", help="do not use the persistent cache")
   p.add_argument("--no-progress", action="store_true", help="no progress bar")
+  p.add_argument("--html", default=None, metavar="OUT_DIR",
+                 help="also write one self-contained explanation page per record and index.html "
+                      "into OUT_DIR (from the same results as the output)")
   return p.parse_args(argv)
 
 
@@ -162,6 +171,8 @@ def main(argv=None) -> int:
   try:
     pid, nproc = init_distributed(args)
     check_output_writable(args.output)  # fail now, not after every record has been scored
+    if args.html:
+      os.makedirs(args.html, exist_ok=True)
     if not args.no_compilation_cache:
       inference.enable_compilation_cache(args.compilation_cache or inference.default_compilation_cache_dir())
     lines = read_inference_file(args.input)
@@ -192,6 +203,8 @@ def main(argv=None) -> int:
         f"{pkey(ln)}[{i}] {why}" for i, why in r.skipped), r.line)
              if getattr(r, "skipped", None) else r for ln, r in zip(my_lines, typed)]
   results = [r.to_dict() for r in typed]
+  # Explanation pages from the same results; each process writes its own records' pages.
+  pages = explain.write_record_pages(args.html, zip(mine, typed)) if args.html else None
   if args.format == "openscholar":
     objs = [inference.to_openscholar(ln.raw, r) for ln, r in zip(my_lines, results)]
   else:
@@ -207,6 +220,9 @@ def main(argv=None) -> int:
   entries = [{"i": i, "obj": o, "line": r.line, "error": r.error is not None,
               "skipped": 0 if r.error is not None else len(r.skipped or ())}
              for i, o, r in zip(mine, objs, typed)]
+  if pages is not None:
+    for e, page in zip(entries, pages):
+      e["page"] = page  # the index row, carried through the shards to process 0
   headers = [stats]
   if nproc > 1:
     from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
@@ -220,6 +236,9 @@ def main(argv=None) -> int:
       print(f"rerank: error: merging the shards: {e}", file=sys.stderr)
       return 1
   write_jsonl_atomic(args.output, [e["obj"] for e in entries])
+  if args.html:
+    index = explain.write_index(args.html, [e["page"] for e in entries])
+    print(f"rerank: {len(entries)} explanation pages and {index}", file=sys.stderr)
   total = {k: sum(h[k] for h in headers) for k in
            ("devices", "xla_compilations", "persistent_cache_hits", "jit_cache_entries",
             "forward_calls", "real_tokens", "computed_tokens", "inert_tokens", "live_compilations")}

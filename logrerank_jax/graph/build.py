@@ -15,7 +15,8 @@ import jax.numpy as jnp
 import jraph
 
 from logrerank_jax.errors import ConfigError, DataError
-from logrerank_jax.schema import NUM_EDGE_TYPES, NUM_ROLES, SIMILARITY_EDGE_TYPE
+from logrerank_jax.schema import (NUM_EDGE_TYPES, NUM_ROLES, SIMILARITY_EDGE_TYPE,
+                                  adjacency_edge_type)
 
 __all__ = ["GraphBuildConfig", "NUM_EDGE_TYPES", "SIMILARITY_EDGE_TYPE", "build_sentence_graph",
            "edge_type", "edge_slots_per_query"]
@@ -76,10 +77,9 @@ def edge_type(src_role, dst_role):
   Returns:
     int32 array of types in [0, 6].
   """
-  src = jnp.asarray(src_role, jnp.int32)
-  dst = jnp.asarray(dst_role, jnp.int32)
-  cross = 1 + 2 * src + jnp.where(dst < src, dst, dst - 1)
-  return jnp.where(src == dst, 0, cross).astype(jnp.int32)
+  # The rule has one home (schema.py), shared with the typed results' context graph.
+  return adjacency_edge_type(jnp.asarray(src_role, jnp.int32),
+                             jnp.asarray(dst_role, jnp.int32)).astype(jnp.int32)
 
 
 def _query_edges(h, roles, z, pids, mask, cfg):
