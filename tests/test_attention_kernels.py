@@ -70,9 +70,17 @@ def _qkv(seed, dtype=jnp.float32):
   return q.astype(dtype), k.astype(dtype), v.astype(dtype), dout
 
 
-def _vjp(f, q, k, v, dout):
-  out, vjp = jax.vjp(f, q, k, v)
-  return out, vjp(dout.astype(out.dtype))
+def _vjp_of(attention, window, **kw):
+  """jit of (q, k, v, seg, pos, dout) -> (out, (dq, dk, dv)). Every array is an argument: as
+  closed-over constants, XLA would spend the compile constant-folding the masks."""
+  def run(q, k, v, seg, pos, dout):
+    out, vjp = jax.vjp(lambda q, k, v: attention(q, k, v, seg, pos, window, **kw), q, k, v)
+    return out, vjp(dout.astype(out.dtype))
+  return jax.jit(run)
+
+
+def _reference(q, k, v, seg, pos, window):
+  return mb.reference_attention(q, k, v, seg, pos, window, lambda p: p)
 
 
 def _compare(got, want, valid, atol, rtol_grad, what):
@@ -105,13 +113,11 @@ def test_pallas_kernel_equals_reference(name, window, dtype, block_q, block_k):
   valid = seg > 0
   dout = dout * valid[..., None, None]
   seg, pos = jnp.asarray(seg), jnp.asarray(pos)
-  kernel = lambda q, k, v: pallas_attention(q, k, v, seg, pos, window, block_q=block_q,
-                                            block_k=block_k, interpret=True)
+  got = _vjp_of(pallas_attention, window, block_q=block_q, block_k=block_k, interpret=True)(
+      q, k, v, seg, pos, dout)
   # The reference runs in float32 on the same (bf16-rounded) inputs.
-  ref = lambda q, k, v: mb.reference_attention(q, k, v, seg, pos, window, lambda p: p)
   f32 = lambda x: x.astype(jnp.float32)
-  got = jax.jit(lambda q, k, v: _vjp(kernel, q, k, v, dout))(q, k, v)
-  want = jax.jit(lambda q, k, v: _vjp(ref, q, k, v, dout))(f32(q), f32(k), f32(v))
+  want = _vjp_of(_reference, window)(f32(q), f32(k), f32(v), seg, pos, dout)
   assert got[0].dtype == dtype and all(g.dtype == dtype for g in got[1])
   atol, rtol = (ATOL_F32, RTOL_GRAD_F32) if dtype == jnp.float32 else (ATOL_BF16, RTOL_GRAD_BF16)
   _compare(got, want, valid, atol, rtol, name)
@@ -215,10 +221,8 @@ def test_splash_interpret_equals_reference(window):
   valid = seg > 0
   dout = dout * valid[..., None, None]
   seg, pos = jnp.asarray(seg), jnp.asarray(pos)
-  kernel = lambda q, k, v: splash_attention(q, k, v, seg, pos, window, interpret=True)
-  ref = lambda q, k, v: mb.reference_attention(q, k, v, seg, pos, window, lambda p: p)
-  got = jax.jit(lambda q, k, v: _vjp(kernel, q, k, v, dout))(q, k, v)
-  want = jax.jit(lambda q, k, v: _vjp(ref, q, k, v, dout))(q, k, v)
+  got = _vjp_of(splash_attention, window, interpret=True)(q, k, v, seg, pos, dout)
+  want = _vjp_of(_reference, window)(q, k, v, seg, pos, dout)
   _compare(got, want, valid, ATOL_F32, RTOL_GRAD_F32, f"splash window={window}")
 
 
@@ -253,7 +257,7 @@ def test_bf16_inference_params_same_outputs_float32_scores():
   enc = mb.ModernBertEncoder(enc_cfg.replace(num_hidden_layers=2, layer_types=None))
   params = jax.jit(lambda key: enc.init(key, ids)["params"])(jax.random.PRNGKey(0))
   cast = encoder_params_for_inference(params, enc_cfg)
-  run = jax.jit(lambda p: enc.apply({"params": p}, ids))
+  run = lambda p: jax.jit(enc.apply)({"params": p}, ids)
   np.testing.assert_array_equal(np.asarray(run(cast), np.float32),
                                 np.asarray(run(params), np.float32))
   nbytes = lambda tree: sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(tree))

@@ -171,7 +171,7 @@ def test_attention_impl_auto_is_the_default_and_resolves_by_backend(monkeypatch,
 
 
 @pytest.mark.parametrize("case", ["old-gpu", "head-dim", "import", "pinned-elsewhere",
-                                  "self-check"])
+                                  "self-check", "wrong-result"])
 def test_unavailable_kernel_falls_back_with_one_logged_line(monkeypatch, caplog, case):
   cfg = ModernBertConfig()
   want, reason = "xla", ""
@@ -190,12 +190,18 @@ def test_unavailable_kernel_falls_back_with_one_logged_line(monkeypatch, caplog,
     ad = _patch_backend(monkeypatch, "cpu")
     cfg = cfg.replace(attention_impl="pallas_gpu")
     want, reason = "tiled", "gpu backend"
-  else:  # the real self-check: the Triton kernel cannot be compiled for this (CPU) device
+  else:  # the real self-check
     from logrerank_jax.models import attention_dispatch  # pylint: disable=g-import-not-at-top
+    from logrerank_jax.models import modernbert as mb  # pylint: disable=g-import-not-at-top
     probe = attention_dispatch._probe_error.__wrapped__  # pylint: disable=protected-access
     ad = _patch_backend(monkeypatch, "gpu", compute_capability=9.0)
     monkeypatch.setattr(ad, "_probe_error", probe)
-    reason = "self-check on this device failed"
+    if case == "self-check":  # the Triton kernel cannot be compiled for this (CPU) device
+      reason = "self-check on this device failed"
+    else:  # a kernel that runs but ignores the window must not be used
+      monkeypatch.setattr(mb, "pallas_attention", lambda q, k, v, seg, pos, window, **kw:
+                          mb.reference_attention(q, k, v, seg, pos, None, lambda p: p))
+      reason = "off by"
   with caplog.at_level(logging.WARNING, logger=ad.__name__):
     for _ in range(3):  # one line per (path, reason), however many layers ask
       assert cfg.resolved_attention_impl() == want

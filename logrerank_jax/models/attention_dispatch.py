@@ -91,18 +91,28 @@ def _self_check(impl: str) -> Optional[str]:
   rng = np.random.default_rng(0)
   q, k, v, dout = (rng.standard_normal((1, length, 2, 64)).astype(np.float32) for _ in range(4))
   dout *= (seg > 0)[..., None, None]
+  reference = lambda *a: modernbert.reference_attention(*a, lambda p: p)
+
+  def run(f, window, *args):  # arrays as arguments: as constants XLA would fold it all
+    q, k, v, seg, pos, dout = args
+    out, vjp = jax.vjp(lambda q, k, v: f(q, k, v, seg, pos, window), q, k, v)
+    return (out,) + vjp(dout)
+
+  args = (q, k, v, seg, pos, dout)
   try:
     for window in (None, 8):
-      def run(f, window=window):
-        out, vjp = jax.vjp(lambda *a: f(*a, seg, pos, window), q, k, v)
-        return (out,) + vjp(jnp.asarray(dout))
-      got = jax.jit(lambda: run(kernel))()
-      want = jax.jit(lambda: run(lambda *a: modernbert.reference_attention(*a, lambda p: p)))()
+      got = jax.jit(run, static_argnums=(0, 1))(kernel, window, *args)
+      # Full float32 products for the reference (GPUs may use TF32 for float32 by default).
+      with jax.default_matmul_precision("highest"):
+        want = jax.jit(run, static_argnums=(0, 1))(reference, window, *args)
       for g, w in zip(got, want):
-        err = float(jnp.max(jnp.abs(jnp.where((seg > 0)[..., None, None], g - w, 0.0))))
-        # float32 kernels differ from the reference by a few ulps (~1e-6, see
-        # tests/test_attention_kernels.py); 1e-3 only catches wrong results.
-        if not err <= 1e-3:
+        real = (seg > 0)[..., None, None]
+        err = float(jnp.max(jnp.abs(jnp.where(real, g - w, 0.0))))
+        scale = max(float(jnp.max(jnp.abs(w))), 1.0)
+        # Exact float32 kernels differ from the reference by a few ulps (~1e-6 of the scale,
+        # tests/test_attention_kernels.py); even TF32 products stay under ~1e-2 of it, while a
+        # missed key block or a wrong mask is off by O(scale): 3e-2 tells them apart.
+        if not err <= 3e-2 * scale:
           return f"its self-check on this device is off by {err:.2e} (window={window})"
   except Exception as e:  # pylint: disable=broad-except
     return f"its self-check on this device failed ({type(e).__name__}: {str(e)[:200]})"
