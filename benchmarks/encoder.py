@@ -212,7 +212,8 @@ def attention_free_forward(fn, *example_args, **jit_kwargs):
   fresh = lambda *args: fn(*args)
   # Every kernel `ModernBertAttention` may call, whatever `attention_impl` picks.
   with mock.patch.multiple(modernbert, tiled_attention=values, reference_attention=values,
-                           blocked_local_attention=values):
+                           blocked_local_attention=values, pallas_attention=values,
+                           splash_attention=values):
     return jax.jit(fresh, **jit_kwargs).lower(*example_args).compile()
 
 

@@ -212,3 +212,26 @@ def test_cli_writes_json(tmp_path):
   assert out["machine"]["cpu_affinity"] == 1
   assert 0 < out["packing"]["packed_efficiency"] <= 1
   assert out["params"]["ours"]["total"] > 1e8
+
+
+def test_attention_work_suite_tiny(pools, tokenizer):
+  """attention_work_efficiency per path on real packed pools: ratios in (0, 1]; the block-
+  skipping kernel computes less than the full-row paths and no more at smaller blocks; the
+  JSON's summary names every path, the kernels' defaults under their own names."""
+  from benchmarks import attention_work  # pylint: disable=g-import-not-at-top
+  out = attention_work.attention_work_suite(pools, tokenizer, "tiny", row_lens=(128, 256),
+                                            pallas_blocks=(16, 32), log=lambda _: None)
+  eff = out["attention_work_efficiency"]
+  assert {"xla", "blocked", "tiled", "pallas_gpu", "pallas_gpu_b16", "pallas_gpu_b32",
+          "splash_tpu", "splash_tpu_b128"} <= set(eff)
+  assert eff["pallas_gpu"] == eff["pallas_gpu_b32"] and out["row_len"] == 128
+  for res in out["by_row_len"].values():
+    paths = res["paths"]
+    for name, p in paths.items():
+      for key in ("global", "window", "model", "model_used_rows"):
+        assert 0 < p[key] <= 1, (name, key, p[key])
+      assert p["model"] <= p["model_used_rows"] + 1e-12, name  # bucket rows only add work
+    computed = lambda name, kind: paths[name]["computed_pairs"][kind]
+    for kind in ("global", "window"):
+      assert computed("pallas_gpu_b16", kind) <= computed("pallas_gpu_b32", kind)
+      assert computed("pallas_gpu_b32", kind) < computed("xla", kind)

@@ -132,14 +132,131 @@ def test_config_is_hashable_for_static_jit_args():
   assert a == b and hash(a) == hash(b)
 
 
-def test_attention_impl_auto_is_the_default_and_resolves_by_backend(monkeypatch):
+def _patch_backend(monkeypatch, backend, compute_capability=None):
+  """Make the dispatch see another backend (this suite runs on CPU) and a fresh fallback log."""
+  from logrerank_jax.models import attention_dispatch as ad  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(jax, "default_backend", lambda: backend)
+  monkeypatch.setattr(ad, "gpu_compute_capability", lambda: compute_capability)
+  # The kernels' on-device self-check cannot run here (no GPU/TPU): pretend it passed. Its
+  # failure path is tested below.
+  monkeypatch.setattr(ad, "_probe_error", lambda impl: None)
+  monkeypatch.setattr(ad, "_reported", set())
+  monkeypatch.delenv(ad.INTERPRET_ENV, raising=False)
+  return ad
+
+
+def _fallback_lines(caplog):
+  return [r.getMessage() for r in caplog.records
+          if r.name == "logrerank_jax.models.attention_dispatch"]
+
+
+def test_attention_impl_auto_is_the_default_and_resolves_by_backend(monkeypatch, caplog):
   cfg = ModernBertConfig()
   assert cfg.attention_impl == "auto"
   assert jax.default_backend() == "cpu"  # this suite runs on CPU
   assert cfg.resolved_attention_impl() == "tiled"
-  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  _patch_backend(monkeypatch, "gpu", compute_capability=9.0)  # an H100/H200
+  assert cfg.resolved_attention_impl() == "pallas_gpu"
+  _patch_backend(monkeypatch, "tpu")
+  assert cfg.resolved_attention_impl() == "splash_tpu"
+  _patch_backend(monkeypatch, "rocm")  # no kernel of ours: the XLA reference
   assert cfg.resolved_attention_impl() == "xla"
-  for impl in ("xla", "blocked", "tiled"):  # an explicit choice is kept on every backend
-    assert cfg.replace(attention_impl=impl).resolved_attention_impl() == impl
+  assert not _fallback_lines(caplog)  # nothing fell back
+  for backend in ("cpu", "gpu", "tpu"):  # an explicit XLA-path choice is kept on every backend
+    _patch_backend(monkeypatch, backend, compute_capability=9.0)
+    for impl in ("xla", "blocked", "tiled"):
+      assert cfg.replace(attention_impl=impl).resolved_attention_impl() == impl
   with pytest.raises(ConfigError, match="attention_impl"):
     cfg.replace(attention_impl="flash")
+
+
+@pytest.mark.parametrize("case", ["old-gpu", "head-dim", "import", "pinned-elsewhere",
+                                  "self-check", "wrong-result"])
+def test_unavailable_kernel_falls_back_with_one_logged_line(monkeypatch, caplog, case):
+  cfg = ModernBertConfig()
+  want, reason = "xla", ""
+  if case == "old-gpu":  # a V100: Pallas Triton needs compute capability >= 8.0
+    ad = _patch_backend(monkeypatch, "gpu", compute_capability=7.0)
+    reason = "compute capability"
+  elif case == "head-dim":  # Triton tiles need a power-of-two head width
+    ad = _patch_backend(monkeypatch, "gpu", compute_capability=9.0)
+    cfg = cfg.replace(hidden_size=12 * 40)
+    reason = "head_dim 40"
+  elif case == "import":
+    ad = _patch_backend(monkeypatch, "tpu")
+    monkeypatch.setattr(ad, "_import_error", lambda impl: "its Pallas module does not import")
+    reason = "does not import"
+  elif case == "pinned-elsewhere":  # a saved config pinned to the GPU kernel, on a CPU host
+    ad = _patch_backend(monkeypatch, "cpu")
+    cfg = cfg.replace(attention_impl="pallas_gpu")
+    want, reason = "tiled", "gpu backend"
+  else:  # the real self-check
+    from logrerank_jax.models import attention_dispatch  # pylint: disable=g-import-not-at-top
+    from logrerank_jax.models import modernbert as mb  # pylint: disable=g-import-not-at-top
+    probe = attention_dispatch._probe_error.__wrapped__  # pylint: disable=protected-access
+    ad = _patch_backend(monkeypatch, "gpu", compute_capability=9.0)
+    monkeypatch.setattr(ad, "_probe_error", probe)
+    if case == "self-check":  # the Triton kernel cannot be compiled for this (CPU) device
+      reason = "self-check on this device failed"
+    else:  # a kernel that runs but ignores the window must not be used
+      monkeypatch.setattr(mb, "pallas_attention", lambda q, k, v, seg, pos, window, **kw:
+                          mb.reference_attention(q, k, v, seg, pos, None, lambda p: p))
+      reason = "off by"
+  with caplog.at_level(logging.WARNING, logger=ad.__name__):
+    for _ in range(3):  # one line per (path, reason), however many layers ask
+      assert cfg.resolved_attention_impl() == want
+  lines = _fallback_lines(caplog)
+  assert len(lines) == 1 and reason in lines[0] and repr(want) in lines[0], lines
+  assert cfg.attention_impl in ("auto", "pallas_gpu")  # the config keeps what the user chose
+
+
+def test_interpret_mode_runs_a_pinned_kernel_on_any_backend(monkeypatch):
+  ad = _patch_backend(monkeypatch, "cpu")
+  monkeypatch.setenv(ad.INTERPRET_ENV, "1")
+  for impl in ("pallas_gpu", "splash_tpu"):
+    assert ModernBertConfig(attention_impl=impl).resolved_attention_impl() == impl
+
+
+def test_pallas_gpu_encoder_through_dispatch_equals_xla(monkeypatch):
+  """The path a GPU takes: "auto" on a (patched) GPU backend runs the block-skipping kernel in
+  every layer (interpret mode here), and the encoder equals the XLA reference on packed rows
+  with padding. (The kernel's gradients: tests/test_attention_kernels.py.)"""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from logrerank_jax.models import modernbert as mb  # pylint: disable=g-import-not-at-top
+  # One global and one window layer: every kind of layer, the fewest to compile.
+  cfg = ModernBertConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                         num_attention_heads=2, global_attn_every_n_layers=2, local_attention=8,
+                         pad_token_id=0)
+  seg = np.zeros((2, 48), np.int32)
+  pos = np.zeros((2, 48), np.int32)
+  for r, lens in enumerate([[13, 20, 5], [25]]):
+    start = 0
+    for s, n in enumerate(lens):
+      seg[r, start:start + n], pos[r, start:start + n] = s + 1, np.arange(n)
+      start += n
+  ids = jnp.asarray(np.random.default_rng(0).integers(1, 64, seg.shape) * (seg > 0), jnp.int32)
+  mask = jnp.asarray(seg > 0, jnp.int32)
+  params = mb.init_params(cfg, jax.random.PRNGKey(0))
+
+  def run(impl_cfg):
+    enc = mb.ModernBertEncoder(impl_cfg)
+    return np.asarray(jax.jit(enc.apply)({"params": params}, ids, mask, jnp.asarray(seg),
+                                         jnp.asarray(pos)))
+
+  ref = run(cfg.replace(attention_impl="xla"))
+  ad = _patch_backend(monkeypatch, "gpu", compute_capability=9.0)
+  monkeypatch.setenv(ad.INTERPRET_ENV, "1")
+  assert cfg.resolved_attention_impl() == "pallas_gpu"
+  calls = []
+  real_kernel = mb.pallas_attention
+  monkeypatch.setattr(mb, "pallas_attention",
+                      lambda *a, **k: calls.append((a[5], k)) or real_kernel(*a, **k))
+  out = run(cfg)
+  # Both layers took the kernel, in interpret mode: the global one (window None) and the
+  # window one (half window 4).
+  assert [(w, k["interpret"]) for w, k in calls] == [(None, True), (4, True)]
+  valid = seg > 0
+  # float32, 2 layers: the kernel's per-layer error (<= ~2e-6, tests/test_attention_kernels.py)
+  # adds up over depth like the parity tests' 1e-5 bound (measured in the commit message).
+  err = np.abs(out[valid] - ref[valid]).max()
+  assert err <= 1e-5, err

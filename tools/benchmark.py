@@ -5,8 +5,10 @@
   python tools/benchmark.py --suite encoder,pipeline --size base --dtype bfloat16 \
       --data ../shared/data/scholarqabench --passages 50 --json gpu.json      # on a GPU
 
-Suites: encoder, train_step, kernels, pipeline, packing, recompile, cache, params (see
-benchmarks/). `encoder`, `train_step` and `kernels` are `benchmarks.encoder` (interleaved
+Suites: encoder, train_step, kernels, pipeline, packing, attention_work, recompile, cache, params
+(see benchmarks/). `attention_work` counts, per attention path, the query x key pairs it computes
+against those the masks keep (`attention_work_efficiency`, also copied to the JSON's top level).
+`encoder`, `train_step` and `kernels` are `benchmarks.encoder` (interleaved
 protocol, median and spread, load average recorded, the strongest simple PyTorch peer: sdpa on
 length-sorted batches; `kernels` times one dense projection and one attention layer of each
 framework on identical inputs); they run in a child process so their XLA flags and thread
@@ -22,8 +24,8 @@ import sys
 import time
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-SUITES = ("params", "packing", "encoder", "train_step", "kernels", "pipeline", "cache",
-          "recompile")
+SUITES = ("params", "packing", "attention_work", "encoder", "train_step", "kernels", "pipeline",
+          "cache", "recompile")
 ENCODER_SUITES = ("encoder", "train_step", "kernels")  # benchmarks.encoder, in a child process
 
 
@@ -50,6 +52,8 @@ def parse_args(argv=None):
                  help="encoder/pipeline row buckets: the packer's default powers of 2, or "
                  "1..16 then multiples of 4 (fewer padding rows, more shapes to compile)")
   p.add_argument("--impls", default="xla,blocked,tiled", help="encoder attention implementations")
+  p.add_argument("--work-row-lens", default="512,1024,2048,4096",
+                 help="attention_work: packed row lengths to count at")
   p.add_argument("--time-budget", type=float, default=0.0,
                  help="seconds; suites not started before this much time has passed are skipped")
   p.add_argument("--no-engine", action="store_true",
@@ -154,6 +158,12 @@ def main(argv=None):
       print("packing: engine defaults, padding efficiency at 1 / 4 / all queries per call: "
             + " / ".join(f"{eng[k]['padding_efficiency']:.3f}" for k in
                          ("queries_per_call_1", "queries_per_call_4", "queries_per_call_all")))
+    elif suite == "attention_work":
+      from benchmarks import attention_work  # pylint: disable=g-import-not-at-top
+      results[suite] = attention_work.attention_work_suite(
+          get_pools(), tokenizer, args.size,
+          row_lens=tuple(int(x) for x in args.work_row_lens.split(",")))
+      results["attention_work_efficiency"] = results[suite]["attention_work_efficiency"]
     elif suite in ENCODER_SUITES:
       results[suite] = encoder_child(suite, args, threads)
     elif suite == "pipeline":

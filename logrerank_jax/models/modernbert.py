@@ -21,8 +21,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from logrerank_jax.errors import ConfigError, LogRerankError
+from logrerank_jax.models import attention_dispatch
 from logrerank_jax.models.hf_common import (ACTIVATIONS, get_activation, init_module_params,
                                             read_hf_config)
+from logrerank_jax.models.pallas_attention import pallas_attention
+from logrerank_jax.models.splash import splash_attention
 # Re-exported: the tiled kernel and its layout check are part of this module's API.
 from logrerank_jax.models.tiled_attention import positions_follow_tokens, tiled_attention  # pylint: disable=unused-import
 # The neighbour-block view and the segment/window mask shared with the tiled kernel.
@@ -32,7 +35,7 @@ FULL_ATTENTION = "full_attention"
 SLIDING_ATTENTION = "sliding_attention"
 _LAYER_TYPES = (FULL_ATTENTION, SLIDING_ATTENTION)
 _POOLINGS = ("cls", "mean")
-_ATTENTION_IMPLS = ("auto", "xla", "blocked", "tiled")
+_ATTENTION_IMPLS = attention_dispatch.IMPLS
 
 # Fields a HF config.json must state: they fix the parameter shapes, so a default would be a guess.
 _REQUIRED_HF_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -56,10 +59,15 @@ class ModernBertConfig:
   on CPU, exact for any layout) computes one (row, head group) tile at a time, global layers
   over the row and window layers over neighbouring blocks when `positions_follow_tokens` holds
   (checked at run time), with a flash-attention backward pass (`models/tiled_attention.py`).
-  "tiled" loops over rows x head groups, so it is not for GPUs. "auto" (the default) is
-  "tiled" when JAX's default backend is the CPU and "xla" otherwise, decided when the model is
-  traced (`resolved_attention_impl`). With attention dropout active (training with
-  `attention_dropout > 0`), "tiled" uses the reference path, which applies the dropout.
+  "tiled" loops over rows x head groups, so it is not for GPUs. "pallas_gpu" (GPU) is a
+  block-skipping flash-attention kernel that only visits the key blocks of each segment (and
+  window) (`models/pallas_attention.py`); "splash_tpu" (TPU) is JAX's splash attention
+  (`models/splash.py`). "auto" (the default) is "tiled" on the CPU backend, "pallas_gpu" on GPU
+  and "splash_tpu" on TPU, decided when the model is traced (`resolved_attention_impl`); a kernel
+  that cannot run there falls back to the backend's XLA path with one logged warning
+  (`models/attention_dispatch.py`). With attention dropout active (training with
+  `attention_dropout > 0`), the "tiled", "pallas_gpu" and "splash_tpu" paths use the reference
+  path, which applies the dropout.
   `layer_types` is the source of truth; `global_attn_every_n_layers` only derives it when
   `layer_types` is None and is then normalised to the smallest period reproducing it.
   """
@@ -151,10 +159,9 @@ class ModernBertConfig:
       object.__setattr__(self, key, float(getattr(self, key)))
 
   def resolved_attention_impl(self) -> str:
-    """`attention_impl` with "auto" resolved for JAX's default backend (see the class doc)."""
-    if self.attention_impl != "auto":
-      return self.attention_impl
-    return "tiled" if jax.default_backend() == "cpu" else "xla"
+    """The attention path that runs on JAX's default backend: "auto" resolved, and a kernel
+    that cannot run here replaced by its logged fallback (see the class doc)."""
+    return attention_dispatch.resolve(self.attention_impl, jax.default_backend(), self.head_dim)
 
   @property
   def head_dim(self) -> int:
@@ -444,9 +451,15 @@ class ModernBertAttention(nn.Module):
     window = cfg.sliding_window if self.layer_type == SLIDING_ATTENTION else None
     dropout_active = cfg.attention_dropout > 0.0 and not deterministic
     impl = cfg.resolved_attention_impl()
+    # (With attention dropout in training, the reference path applies it to the probabilities.)
     if impl == "tiled" and not dropout_active:
-      # (With attention dropout in training, the reference path applies it to the probabilities.)
       out = tiled_attention(q, k, v, segment_ids, position_ids, window)
+    elif impl == "pallas_gpu" and not dropout_active:
+      out = pallas_attention(q, k, v, segment_ids, position_ids, window,
+                             interpret=attention_dispatch.interpret_kernels())
+    elif impl == "splash_tpu" and not dropout_active:
+      out = splash_attention(q, k, v, segment_ids, position_ids, window,
+                             interpret=attention_dispatch.interpret_kernels())
     elif self.layer_type == SLIDING_ATTENTION:
       if impl == "blocked":
         out = blocked_local_attention(q, k, v, segment_ids, position_ids, cfg.sliding_window,

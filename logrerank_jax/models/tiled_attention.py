@@ -26,6 +26,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+# Re-exported: the layout check the window blocks rely on (one implementation, with the schedules).
+from logrerank_jax.models.block_schedule import positions_follow_tokens  # pylint: disable=unused-import
+
 _NEG = float(np.finfo(np.float32).min)
 # Largest float32 logits tile (bytes of [heads, Lq, Lk]) one map step computes: heads are grouped
 # up to this size, at least one per step. Measured on 16 rows of 576 tokens (2 CPUs, forward and
@@ -33,35 +36,6 @@ _NEG = float(np.finfo(np.float32).min)
 # every head per window tile) was the fastest or within noise of it among 1.5, 3, 8 and 17 MB;
 # one head per step (1.5 MB) was 1.1-1.4x slower.
 _TILE_BYTES = 8 << 20
-
-
-def positions_follow_tokens(segment_ids: jax.Array, position_ids: jax.Array) -> jax.Array:
-  """True iff tokens of one segment are never closer in position than in index.
-
-  Checked on each row's real tokens in order: the next real token either starts a segment with
-  a larger id, or continues the same segment with a position that grew by at least its index
-  distance. Then every segment is one run and, for tokens i < j of a segment,
-  pos_j - pos_i >= j - i, so keys within `window` positions are within `window` tokens and the
-  block-local computation sees them all. Packed rows and default (arange) positions pass.
-
-  Args:
-    segment_ids, position_ids: int [B, L].
-
-  Returns:
-    bool scalar.
-  """
-  b, l = segment_ids.shape
-  idx = jnp.broadcast_to(jnp.arange(l, dtype=jnp.int32), (b, l))
-  real = segment_ids != 0
-  last = jax.lax.cummax(jnp.where(real, idx, -1), axis=1)  # last real index <= t
-  prev = jnp.concatenate([jnp.full((b, 1), -1, jnp.int32), last[:, :-1]], axis=1)  # < t
-  safe = jnp.maximum(prev, 0)
-  prev_seg = jnp.take_along_axis(segment_ids, safe, axis=1)
-  prev_pos = jnp.take_along_axis(position_ids, safe, axis=1)
-  new_segment = prev_seg < segment_ids
-  continues = (prev_seg == segment_ids) & (position_ids - prev_pos >= idx - prev)
-  ok = ~real | (prev < 0) | new_segment | continues
-  return jnp.all(ok)
 
 
 # ----------------------------------------------------------------------------- one tile
