@@ -79,3 +79,21 @@ def scifact_records():
 def pubmed_records():
   """Real PubMedQA questions; most contexts are dicts with section labels."""
   return read_jsonl(DATA_DIR / "pubmed_slice.jsonl")
+
+
+@pytest.fixture(scope="session")
+def train_six(tmp_path_factory):
+  """Six real training queries (36 passages) of the shipped demo data, three validation queries
+  and a WordPiece tokenizer trained on the six: the data of every tiny training run
+  (tests/test_training.py, tests/test_data_parallel.py), built once per test run."""
+  from logrerank_jax.data.tokenization import train_wordpiece_tokenizer
+  demo = pathlib.Path(__file__).resolve().parents[1] / "logrerank_jax" / "demo_data"
+  d = tmp_path_factory.mktemp("train_six")
+  lines = (demo / "train.jsonl").read_text().splitlines()[:6]
+  (d / "train.jsonl").write_text("\n".join(lines) + "\n")
+  (d / "val.jsonl").write_text("\n".join((demo / "val.jsonl").read_text().splitlines()[:3]) + "\n")
+  recs = [json.loads(line) for line in lines]
+  texts = [r["question"] for r in recs] + [s["text"] for r in recs for p in r["passages"]
+                                           for s in p["sentences"]]
+  train_wordpiece_tokenizer(texts, 600, str(d / "tok"))
+  return d

@@ -90,17 +90,10 @@ LOG_ATOL = 1e-6
 
 
 @pytest.fixture(scope="module")
-def log_data(tmp_path_factory):
-  """Six training queries and a tokenizer trained on them (as tests/test_training.py)."""
-  from logrerank_jax.data.tokenization import train_wordpiece_tokenizer
-  d = tmp_path_factory.mktemp("log")
-  lines = (DEMO / "train.jsonl").read_text().splitlines()[:6]
-  (d / "train.jsonl").write_text("\n".join(lines) + "\n")
-  recs = [json.loads(l) for l in lines]
-  texts = [r["question"] for r in recs] + [s["text"] for r in recs for p in r["passages"]
-                                           for s in p["sentences"]]
-  train_wordpiece_tokenizer(texts, 600, str(d / "tok"))
-  return d
+def log_data(train_six):
+  """Six training queries and a tokenizer trained on them (conftest.py; shared with
+  tests/test_training.py)."""
+  return train_six
 
 
 def _run_log(data, name, mode, ndev, overrides=None, **spec_extra):
@@ -184,6 +177,46 @@ def test_log_jit_two_processes_equal_one_process(log_runs, log_data):
     got = {k: z[k] for k in z.files}
   np.testing.assert_allclose(got["__loss__"], log_runs["jit-4dev"]["__loss__"], rtol=1e-5)
   assert _max_param_diff(got, log_runs["jit-4dev"]) < LOG_ATOL
+
+
+@pytest.mark.parametrize("name", ["pmap-4dev", "shard_map-4dev"])
+def test_same_params_on_1_and_4_devices(log_runs, name):
+  # (Moved from tests/test_training.py, whose own three runs repeated three of `log_runs`.)
+  ref, got = log_runs["pmap-1dev"], log_runs[name]
+  assert int(got["__step__"]) == 3
+  np.testing.assert_allclose(got["__loss__"], ref["__loss__"], rtol=1e-5)
+  assert _max_param_diff(got, ref) < LOG_ATOL
+
+
+def test_training_changed_the_params(log_runs, log_data):
+  # Guard against a vacuous equality: 3 steps (warm-up makes the first one lr 0) move the weights
+  # far more than LOG_ATOL. The 1-step run at lr 0 holds the initial params.
+  init = _run_log(log_data, "lr0-1dev", "pmap", 1, overrides={"max_steps": 1, "learning_rate": 0.0})
+  assert _max_param_diff(init, log_runs["pmap-1dev"]) > 1000 * LOG_ATOL
+
+
+def test_log_pmap_two_processes_equal_one_process(log_runs, log_data):
+  # 2 processes x 2 CPU devices under pmap (jax.distributed), against the one-process 4-device
+  # pmap run. (Moved from tests/test_training.py.)
+  port, procs = _free_port(), []
+  for pid in range(2):
+    overrides = dict(LOG_OVERRIDES, train_file=str(log_data / "train.jsonl"), val_file="",
+                     tokenizer=str(log_data / "tok"), parallel="pmap", distributed=True,
+                     coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=pid)
+    spec = {"config": "local", "overrides": overrides, "workdir": str(log_data / "wd-pmap-2proc"),
+            "out": str(log_data / "pmap-2proc.npz"), "gloo": True}
+    path = log_data / f"pmap-2proc-{pid}.json"
+    path.write_text(json.dumps(spec))
+    procs.append(subprocess.Popen([sys.executable, str(WORKERS / "train_worker.py"), str(path)],
+                                  env=_env(2), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True))
+  for p in procs:
+    _, err = p.communicate(timeout=600)
+    assert p.returncode == 0, err[-4000:]
+  with np.load(log_data / "pmap-2proc.npz") as z:
+    got = {k: z[k] for k in z.files}
+  np.testing.assert_allclose(got["__loss__"], log_runs["pmap-4dev"]["__loss__"], rtol=1e-5)
+  assert _max_param_diff(got, log_runs["pmap-4dev"]) < LOG_ATOL
 
 
 def test_log_dropout_same_masks_under_pmap_and_jit(log_data):

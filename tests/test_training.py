@@ -1,7 +1,8 @@
-"""Training runs: device-count and host-count independence, exact resume, feature cache, NaN stop.
+"""Training runs: exact resume, feature cache, TensorBoard curves, NaN stop.
 
 Each run is a real `train_and_evaluate` on a tiny config over real PubMedQA-derived records, in a
-fresh subprocess (JAX reads the CPU device count at start-up).
+fresh subprocess (JAX reads the CPU device count at start-up). Device-count and host-count
+independence live in tests/test_data_parallel.py, over the same data and runs.
 """
 
 import importlib.util
@@ -10,7 +11,6 @@ import os
 import pathlib
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,25 +29,12 @@ DEMO = ROOT / "logrerank_jax" / "demo_data"
 # (1 vs 4 devices, packed differently) disagree by ~lr. What is tested is the gradient's
 # independence of the device layout; the optimizer is checked elsewhere.
 EQUALITY = {"adam_eps": 1.0, "learning_rate": 0.1}
-# With adam_eps = 1 the update is ~lr * g (no sign flips), so device-layout rounding of g
-# (float32, a few eps = 1.19e-7 of O(1) gradients) moves params by ~lr * 1e-7 per step over 3
-# steps: ~1e-7 << 1e-6. Measured 3.0e-8 (33x); losses agree to 4.8e-7 relative (rtol 1e-5, 21x).
-PARAM_ATOL = 1e-6
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-  """Six training queries (36 passages) and one tokenizer shared by every run."""
-  from logrerank_jax.data.tokenization import train_wordpiece_tokenizer
-  d = tmp_path_factory.mktemp("train")
-  lines = (DEMO / "train.jsonl").read_text().splitlines()[:6]
-  (d / "train.jsonl").write_text("\n".join(lines) + "\n")
-  (d / "val.jsonl").write_text("\n".join((DEMO / "val.jsonl").read_text().splitlines()[:3]) + "\n")
-  recs = [json.loads(l) for l in lines]
-  texts = [r["question"] for r in recs] + [s["text"] for r in recs for p in r["passages"]
-                                           for s in p["sentences"]]
-  train_wordpiece_tokenizer(texts, 600, str(d / "tok"))
-  return d
+def data(train_six):
+  """Six training queries (36 passages) and one tokenizer shared by every run (conftest.py)."""
+  return train_six
 
 
 def _spec(data, workdir, out, config="local", **overrides):
@@ -82,59 +69,6 @@ def _assert_close(a, b, atol):
   for k in a:
     if not k.startswith("__"):
       np.testing.assert_allclose(a[k], b[k], rtol=0, atol=atol, err_msg=k)
-
-
-@pytest.fixture(scope="module")
-def dp_runs(data, tmp_path_factory):
-  d = tmp_path_factory.mktemp("dp")
-  cases = {"pmap-1dev": ("pmap", 1), "pmap-4dev": ("pmap", 4), "shard_map-4dev": ("shard_map", 4)}
-  out = {}
-  for name, (mode, ndev) in cases.items():
-    spec = _spec(data, d / name, d / f"{name}.npz", parallel=mode, num_devices=ndev)
-    _run(spec, 4, d / f"{name}.json")
-    out[name] = _params(d / f"{name}.npz")
-  return out
-
-
-@pytest.mark.parametrize("name", ["pmap-4dev", "shard_map-4dev"])
-def test_same_params_on_1_and_4_devices(dp_runs, name):
-  ref, got = dp_runs["pmap-1dev"], dp_runs[name]
-  assert int(got["__step__"]) == 3
-  np.testing.assert_allclose(got["__loss__"], ref["__loss__"], rtol=1e-5)
-  _assert_close(got, ref, PARAM_ATOL)
-
-
-def test_training_changed_the_params(dp_runs, data, tmp_path):
-  # Guard against a vacuous equality: 3 steps (warm-up makes the first one lr 0) move the weights
-  # far more than PARAM_ATOL.
-  spec = _spec(data, tmp_path / "w0", tmp_path / "p0.npz", max_steps=1, learning_rate=0.0)
-  _run(spec, 1, tmp_path / "s.json")
-  init = _params(tmp_path / "p0.npz")
-  moved = max(float(np.abs(init[k] - dp_runs["pmap-1dev"][k]).max())
-              for k in init if not k.startswith("__"))
-  assert moved > 1000 * PARAM_ATOL
-
-
-def _free_port():
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
-def test_two_processes_equal_one_process(dp_runs, data, tmp_path):
-  port = _free_port()
-  procs = []
-  for pid in range(2):
-    spec = _spec(data, tmp_path / "wd", tmp_path / "mp.npz", parallel="pmap", distributed=True,
-                 coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=pid)
-    spec["gloo"] = True
-    procs.append(_launch(spec, 2, tmp_path / f"spec{pid}.json"))
-  for p in procs:
-    _, err = p.communicate(timeout=300)
-    assert p.returncode == 0, err[-4000:]
-  got = _params(tmp_path / "mp.npz")
-  np.testing.assert_allclose(got["__loss__"], dp_runs["pmap-4dev"]["__loss__"], rtol=1e-5)
-  _assert_close(got, dp_runs["pmap-4dev"], PARAM_ATOL)
 
 
 def test_kill_and_resume_gives_identical_params(data, tmp_path):
