@@ -498,17 +498,33 @@ def packing_suite(pools: Sequence[dict], tokenizer, row_len: int = 1024,
   return out
 
 
+def random_tiny_model(tokenizer, seed: int = 0, row_len: Optional[int] = None):
+  """A randomly initialised tiny LoG model for `tokenizer`'s vocabulary: (params, LoGConfig).
+
+  What the engine needs to plan and pack real text when no trained weights matter (packing does
+  not depend on them); the tests' tiny model folders (tests/test_inference.make_tiny_model) are
+  this model saved. `row_len` grows the encoder's positions to rows that long.
+  """
+  cfg = lr.LoGConfig.tiny(vocab_size=len(tokenizer))
+  if row_len:
+    enc = cfg.local.encoder.replace(
+        max_position_embeddings=max(row_len, cfg.local.encoder.max_position_embeddings))
+    cfg = dataclasses.replace(cfg, local=dataclasses.replace(cfg.local, encoder=enc))
+  ex, _ = pack_queries([QueryInput("q", [["a b", "c"]])], tokenizer, PackingConfig(row_len=128))
+  # Jitted init (eager flax init of the full model takes several times longer on CPU), with the
+  # example batch an argument: closed over, its arrays become constants that XLA spends most of
+  # the compile folding (the values depend only on the key and the shapes either way).
+  params = jax.jit(lambda key, ex: lr.init_params(cfg, ex, key))(jax.random.PRNGKey(seed),
+                                                                  lr.device_batch(ex))
+  return params, cfg
+
+
 def engine_padding(pools: Sequence[dict], tokenizer, row_len: int = 1024,
                    num_passages: Optional[int] = None) -> Dict[str, Any]:
   """Padding of the inference engine with every default (its row buckets, call planner and
   chunks), host work only (`Reranker.padding_plan`), for 1, 4 and all queries per rerank call.
   The engine needs params to exist; packing does not depend on them (a random tiny model)."""
-  cfg = lr.LoGConfig.tiny(vocab_size=len(tokenizer))
-  enc = cfg.local.encoder.replace(
-      max_position_embeddings=max(row_len, cfg.local.encoder.max_position_embeddings))
-  cfg = dataclasses.replace(cfg, local=dataclasses.replace(cfg.local, encoder=enc))
-  ex, _ = pack_queries([QueryInput("q", [["a b", "c"]])], tokenizer, PackingConfig(row_len=128))
-  params = jax.jit(lambda k: lr.init_params(cfg, ex, k))(jax.random.PRNGKey(0))
+  params, cfg = random_tiny_model(tokenizer, row_len=row_len)
   rr = logrerank_jax.Reranker(params, cfg, tokenizer,
                               packing=inference.default_packing_config(cfg, row_len=row_len))
   pools = [_truncate(p, num_passages) for p in pools]

