@@ -118,7 +118,7 @@ def test_local_scorer_on_minilm_equals_transformers_on_the_pair(minilm_path, tok
   params = module.init(jax.random.PRNGKey(0), *example.values())["params"]
   params = dict(params, encoder=bert_params_from_torch(load_torch_state_dict(minilm_path),
                                                        cfg.local.encoder))
-  out = jax.jit(lambda p: score_batch(module, p, example))(params)
+  out = jax.jit(lambda p, b: score_batch(module, p, b))(params, example)
 
   enc = tokenizer(query, " ".join(sentences), return_tensors="pt")
   torch_model = transformers.BertModel.from_pretrained(minilm_path,

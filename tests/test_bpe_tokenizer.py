@@ -181,7 +181,9 @@ def log_model_dir(tmp_path_factory, bpe_tokenizer):
   cfg = lr.LoGConfig.tiny(vocab_size=len(bpe_tokenizer))
   assert bpe_tokenizer.pad_token_id == cfg.local.encoder.pad_token_id == 0
   example, _ = pack_queries([QueryInput("q", [["a b", "c"]])], bpe_tokenizer, PACKING)
-  params = jax.jit(lambda key: lr.init_params(cfg, example, key))(jax.random.PRNGKey(0))
+  # The example an argument, not a closed-over constant (XLA would spend the compile folding it).
+  params = jax.jit(lambda key, ex: lr.init_params(cfg, ex, key))(jax.random.PRNGKey(0),
+                                                                  lr.device_batch(example))
   folder = tmp_path_factory.mktemp("bpe_log") / "model"
   save_model(str(folder), params, cfg, bpe_tokenizer)
   return str(folder)

@@ -310,7 +310,9 @@ def log_on_bert(tiny):
   tok = train_wordpiece_tokenizer(["a b c d e f g h"], 60)
   ex, _ = pack_queries([QueryInput("a b", [["c d", "e"]])], tok, PackingConfig(row_len=32,
                                                                                 max_query_tokens=8))
-  params = jax.jit(lambda k: lr.init_params(log_cfg, ex, k))(jax.random.PRNGKey(4))
+  # The example an argument, not a closed-over constant (XLA would spend the compile folding it).
+  params = jax.jit(lambda k, b: lr.init_params(log_cfg, b, k))(jax.random.PRNGKey(4),
+                                                               lr.device_batch(ex))
   return log_cfg, jax.tree_util.tree_map(np.asarray, params)
 
 

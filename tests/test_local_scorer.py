@@ -55,8 +55,9 @@ def params(cfg, packed):
   args = [jnp.asarray(getattr(packed, k)) for k in (
       "input_ids", "attention_mask", "segment_ids", "position_ids", "span_ids", "span_kind",
       "span_query")]
-  init = jax.jit(lambda key: LocalScorer(cfg).init(key, *args)["params"])
-  return init(jax.random.PRNGKey(0))
+  # The batch an argument, not a closed-over constant (XLA would spend the compile folding it).
+  init = jax.jit(lambda key, a: LocalScorer(cfg).init(key, *a)["params"])
+  return init(jax.random.PRNGKey(0), args)
 
 
 @pytest.fixture(scope="module")
