@@ -141,7 +141,7 @@ class DeviceRun:
     cfg = self.log_config()
     pcfg, packed = self.packed()
     dev = [jax.device_put(lr.device_batch(b)) for b, _ in packed]
-    params = jax.jit(lambda k: lr.init_params(cfg, dev[0], k))(jax.random.PRNGKey(0))
+    params = bm.init_log_params(cfg, dev[0])
     infer = log_params_for_inference(params, cfg)
     fwd = jax.jit(lambda p, b: lr.log_forward(p, b, cfg)["final_score"])
     reranker = logrerank_jax.Reranker(params, cfg, self.tokenizer, packing=pcfg,

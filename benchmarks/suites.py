@@ -316,7 +316,7 @@ def pipeline_suite(pools: Sequence[dict], tokenizer, size: str, num_passages: Op
   pcfg = PackingConfig(row_len=row_len_for(size),
                        **({"row_buckets": tuple(row_buckets)} if row_buckets else {}))
   ex, _ = pack_queries([pool_query(pools[0], num_passages)], tokenizer, pcfg)
-  params = jax.jit(lambda k: lr.init_params(cfg, ex, k))(jax.random.PRNGKey(0))
+  params = init_log_params(cfg, ex)
   ce_cfg = cfg.local.encoder.replace(num_labels=1)
   # The cross-encoder shares LoG's encoder weights; only its pooling head is fresh.
   ce_head = mb.init_params(ce_cfg, jax.random.PRNGKey(1), classifier=True)
@@ -498,6 +498,16 @@ def packing_suite(pools: Sequence[dict], tokenizer, row_len: int = 1024,
   return out
 
 
+def init_log_params(cfg: lr.LoGConfig, example, seed: int = 0):
+  """LoG params for `cfg`, initialised (jitted) on an example batch's shapes.
+
+  Jitted because eager flax init of the full model takes several times longer on CPU, and with
+  the example an argument: closed over, its arrays become constants that XLA spends most of the
+  compile folding (the values depend only on the key and the shapes either way)."""
+  return jax.jit(lambda key, ex: lr.init_params(cfg, ex, key))(jax.random.PRNGKey(seed),
+                                                                lr.device_batch(example))
+
+
 def random_tiny_model(tokenizer, seed: int = 0, row_len: Optional[int] = None):
   """A randomly initialised tiny LoG model for `tokenizer`'s vocabulary: (params, LoGConfig).
 
@@ -511,12 +521,7 @@ def random_tiny_model(tokenizer, seed: int = 0, row_len: Optional[int] = None):
         max_position_embeddings=max(row_len, cfg.local.encoder.max_position_embeddings))
     cfg = dataclasses.replace(cfg, local=dataclasses.replace(cfg.local, encoder=enc))
   ex, _ = pack_queries([QueryInput("q", [["a b", "c"]])], tokenizer, PackingConfig(row_len=128))
-  # Jitted init (eager flax init of the full model takes several times longer on CPU), with the
-  # example batch an argument: closed over, its arrays become constants that XLA spends most of
-  # the compile folding (the values depend only on the key and the shapes either way).
-  params = jax.jit(lambda key, ex: lr.init_params(cfg, ex, key))(jax.random.PRNGKey(seed),
-                                                                  lr.device_batch(ex))
-  return params, cfg
+  return init_log_params(cfg, ex, seed), cfg
 
 
 def engine_padding(pools: Sequence[dict], tokenizer, row_len: int = 1024,
@@ -556,7 +561,7 @@ def recompile_suite(pools: Sequence[dict], tokenizer, size: str, num_queries: in
   pcfg = PackingConfig(row_len=row_len_for(size))
   fwd = jax.jit(lambda p, b: lr.log_forward(p, b, cfg)["final_score"])
   ex, _ = pack_queries([pool_query(pools[0])], tokenizer, pcfg)
-  params = jax.jit(lambda k: lr.init_params(cfg, ex, k))(jax.random.PRNGKey(0))
+  params = init_log_params(cfg, ex)
   reranker = make_reranker(params, cfg, tokenizer, pcfg) if engine else None
 
   def run(pool, k):
@@ -639,7 +644,7 @@ def cache_suite(train_file: str, tokenizer, size: str, group_size: int = 2, reps
                              node_buckets=(max(b["node_mask"].shape[1] for b in batches),))
   batches = [_labelled_batch(g, tokenizer, pcfg) for g in groups]
   model = lr.LoGReranker(cfg)
-  params = jax.jit(lambda k: lr.init_params(cfg, batches[0], k))(jax.random.PRNGKey(0))
+  params = init_log_params(cfg, batches[0])
   tx = optax.adamw(3e-5, weight_decay=0.01)
   local_fn = jax.jit(lambda p, b: _local_nodes(cfg, p, b))
 
