@@ -172,8 +172,9 @@ def test_blocked_local_attention_equals_reference(local_attention):
   _, _, seg, pos, _ = _packed_rows([[13, 20, 5], [L]], seed=5)
   q, k, v = (jax.random.normal(key, (2, L, 4, 8)) for key in jax.random.split(jax.random.PRNGKey(0), 3))
   no_dropout = lambda p: p
-  run = jax.jit(lambda fn, w: fn(q, k, v, jnp.asarray(seg), jnp.asarray(pos), w, no_dropout),
-                static_argnums=(0, 1))
+  # q, k, v, seg, pos as arguments: closed over, they would be constants XLA folds at compile time.
+  jitted = jax.jit(lambda fn, w, *a: fn(*a, w, no_dropout), static_argnums=(0, 1))
+  run = lambda fn, w: jitted(fn, w, q, k, v, jnp.asarray(seg), jnp.asarray(pos))  # noqa: E731
   ref = np.asarray(run(mb.reference_attention, window))
   blocked = np.asarray(run(mb.blocked_local_attention, window))
   valid = seg > 0
