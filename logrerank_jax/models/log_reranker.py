@@ -26,6 +26,7 @@ What each switch does (and nothing else):
 """
 
 import dataclasses
+import functools
 from typing import Any, Dict, Mapping, Optional
 
 import flax.linen as nn
@@ -451,13 +452,24 @@ def count_params(cfg: LoGConfig) -> Dict[str, int]:
           "total": local + glob}
 
 
+# The inputs each stage's init reads.
+_STAGE_INIT_KEYS = {"local": TOKEN_KEYS + ("span_kind", "span_query"),
+                    "global": ("h", "role_probs", "local_score", "node_passage", "node_mask")}
+
+
 def init_stage_params(cfg: LoGConfig, stage: str, features: Mapping[str, jax.Array], rng
                       ) -> Dict[str, Any]:
   """Initialise the params one training stage trains: {"local": ...} or {"global": ...}.
 
   Each stage module is initialised on its own (the RNG of `LocalScorer` / `GraphReranker` at
   the root, as a stage-trained model has always been initialised), so a given seed gives the
-  same initial weights, and runs reproduce earlier runs bit for bit.
+  same initial weights, and runs reproduce each other bit for bit.
+
+  Jitted, once per (config, stage): eager flax init compiles and runs every operation of the
+  model on its own (about 170 small XLA compilations for the tiny model, most of a tiny training
+  run's start-up); one compilation instead, which the persistent cache also keeps. Measured
+  against the eager init it replaced: bit-identical except the token embedding table, whose
+  scaled normal draws XLA now fuses (at most 1 ulp, 6e-8, apart).
 
   Args:
     cfg: model config.
@@ -470,6 +482,17 @@ def init_stage_params(cfg: LoGConfig, stage: str, features: Mapping[str, jax.Arr
   Returns:
     The param tree of that stage.
   """
+  if stage not in _STAGE_INIT_KEYS:
+    raise ConfigError(f"unknown training stage {stage!r}; known: {sorted(_STAGE_INIT_KEYS)}")
+  return _stage_initializer(cfg, stage)({k: features[k] for k in _STAGE_INIT_KEYS[stage]}, rng)
+
+
+@functools.lru_cache(maxsize=None)
+def _stage_initializer(cfg: LoGConfig, stage: str):
+  return jax.jit(functools.partial(_init_stage_params, cfg, stage))
+
+
+def _init_stage_params(cfg: LoGConfig, stage: str, features: Mapping[str, jax.Array], rng):
   if stage == "local":
     return {"local": LocalScorer(cfg.local_scorer_config).init(
         rng, *[features[k] for k in TOKEN_KEYS], features["span_kind"],
