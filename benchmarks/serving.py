@@ -149,17 +149,30 @@ def _median(xs):
 
 
 def serving_suite(checkpoint: str, clients: int = 16, num_requests: int = 48, reps: int = 3,
-                  server_flags: Sequence[str] = (), latency_requests: int = 8,
+                  row_buckets: Optional[Sequence[int]] = None, latency_requests: int = 8,
                   timeout: float = 600.0, log=print, log_path: str = "") -> Dict[str, Any]:
-  """The load test (module docstring). Returns the JSON-ready figures."""
+  """The load test (module docstring). Returns the JSON-ready figures.
+
+  `row_buckets` (default: the engine's) applies to both sides; fewer buckets compile faster.
+  Both sides share the persistent compilation cache, so the server loads what the in-process
+  engine compiled.
+  """
   import logrerank_jax  # pylint: disable=g-import-not-at-top
+  from logrerank_jax import inference  # pylint: disable=g-import-not-at-top
+  cache = inference.enable_compilation_cache(inference.default_compilation_cache_dir())
   records = demo_requests(num_requests)
   bodies = [cohere_body(r) for r in records]
   load_before = os.getloadavg()
   log(f"serving: {num_requests} requests of {len(records[0]['ctxs'])} documents, {clients} "
       f"clients, {reps} rounds; load average {load_before[0]:.2f}")
-  rr = logrerank_jax.Reranker.from_pretrained(checkpoint)
-  rr.precompile()
+  rr = logrerank_jax.Reranker.from_pretrained(
+      checkpoint, **({"row_buckets": tuple(row_buckets)} if row_buckets else {}))
+  t0 = time.perf_counter()
+  pre = rr.precompile()
+  log(f"serving: in-process engine compiled {pre['jit_cache_entries']} shapes in "
+      f"{time.perf_counter() - t0:.1f} s")
+  server_flags = ["--compilation-cache", cache] + (
+      ["--row-buckets", ",".join(map(str, row_buckets))] if row_buckets else [])
   rr.rerank_records(records[:2])  # first-call costs (splitter, allocator) before the clock
   server = Server(checkpoint, ["--max-queue", str(max(64, 2 * clients)), "--timeout",
                                str(timeout), *server_flags],
@@ -197,7 +210,7 @@ def serving_suite(checkpoint: str, clients: int = 16, num_requests: int = 48, re
   out = {
       "checkpoint": checkpoint, "requests": num_requests,
       "documents_per_request": len(records[0]["ctxs"]), "clients": clients, "rounds": rounds,
-      "server_warmup_s": server.warmup_s,
+      "server_warmup_s": server.warmup_s, "row_buckets": list(rr.packing.row_buckets),
       "lost": sum(r["server"]["lost"] + r["server_c1"]["lost"] for r in rounds),
       "status_5xx": sum(r["server"]["status_5xx"] + r["server_c1"]["status_5xx"] for r in rounds),
       f"server_c{clients}_throughput_rps": _median([r["server"]["throughput_rps"] for r in rounds]),
@@ -228,10 +241,12 @@ def main(argv=None):
   p.add_argument("--requests", type=int, default=48)
   p.add_argument("--reps", type=int, default=3)
   p.add_argument("--latency-requests", type=int, default=8)
+  p.add_argument("--row-buckets", default="", help="comma list (default: the engine's)")
   p.add_argument("--json", default="")
   args = p.parse_args(argv)
+  buckets = tuple(int(x) for x in args.row_buckets.split(",") if x.strip()) or None
   out = serving_suite(args.checkpoint, args.clients, args.requests, args.reps,
-                      latency_requests=args.latency_requests)
+                      row_buckets=buckets, latency_requests=args.latency_requests)
   print(json.dumps({k: v for k, v in out.items() if k != "rounds"}, indent=1))
   if args.json:
     with open(args.json, "w", encoding="utf-8") as f:
