@@ -75,6 +75,7 @@ class Server:
       try:
         if httpx.get(self.url + "/health", timeout=5).status_code == 200:
           self.warmup_s = time.perf_counter() - t0
+          self.info = httpx.get(self.url + "/info", timeout=30).json()
           return
       except httpx.TransportError:
         pass
@@ -226,7 +227,9 @@ def serving_suite(checkpoint: str, clients: int = 16, num_requests: int = 48, re
       "server_batches": batch_count,
       "server_mean_batch_requests": (metrics.get("logrerank_batch_requests_sum", 0) / batch_count
                                      if batch_count else None),
-      "server_xla_compilations_after_warmup": metrics.get("logrerank_xla_compilations"),
+      # Compilations counted after warm-up (each shape compiled or loaded from the cache once).
+      "server_live_compilations": (metrics.get("logrerank_xla_compilations", 0)
+                                   - server.info["compile_stats"]["xla_compilations"]),
       "load_average_before": list(load_before), "load_average_after": list(os.getloadavg()),
   }
   # Load above half the CPUs skews every figure (benchmarks/protocol.py's rule).

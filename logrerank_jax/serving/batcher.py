@@ -40,10 +40,11 @@ from logrerank_jax.errors import LogRerankError
 
 log = logging.getLogger(__name__)
 
-# Real tokens (all windows of all passages) per batch: about 64 full 1,024-token rows, ~8 real
-# fifty-passage pools; large enough that calls stay full, small enough that a batch of a busy
-# server ends within seconds on a CPU and the next one is being prepared meanwhile.
-DEFAULT_MAX_BATCH_TOKENS = 65536
+# Real tokens (all windows of all passages) per batch: two full calls of the largest default row
+# bucket (128 rows of 1,024 tokens), ~28 of the demo's fifty-paragraph pools, about the batch
+# CLI's 32-record chunks. With 65,536 the batches of 16 concurrent demo requests held ~3
+# requests and the server reached 0.87x the CLI's throughput (one round, machine loaded).
+DEFAULT_MAX_BATCH_TOKENS = 262144
 # Requests waiting for the engine beyond the batch being prepared and the one being scored.
 DEFAULT_MAX_QUEUE = 64
 # How long the gather thread waits for more requests after the first of an idle period.
