@@ -4,10 +4,14 @@
   python tools/benchmark.py --suite all --size small --json bench.json
   python tools/benchmark.py --suite encoder,pipeline --size base --dtype bfloat16 \
       --data ../shared/data/scholarqabench --passages 50 --json gpu.json      # on a GPU
+  python tools/benchmark.py --suite serving --checkpoint runs/demo/global --clients 16 \
+      --requests 48 --reps 5 --json serving.json                             # HTTP load test
 
 Suites: encoder, train_step, kernels, pipeline, packing, attention_work, recompile, cache, params
-(see benchmarks/). `attention_work` counts, per attention path, the query x key pairs it computes
-against those the masks keep (`attention_work_efficiency`, also copied to the JSON's top level).
+(see benchmarks/); `serving` (not in `all`: it needs a trained model folder, `--checkpoint`) is
+the HTTP load test of `tools/serve.py` against the in-process engine (benchmarks/serving.py).
+`attention_work` counts, per attention path, the query x key pairs it computes against those
+the masks keep (`attention_work_efficiency`, also copied to the JSON's top level).
 `encoder`, `train_step` and `kernels` are `benchmarks.encoder` (interleaved
 protocol, median and spread, load average recorded, the strongest simple PyTorch peer: sdpa on
 length-sorted batches; `kernels` times one dense projection and one attention layer of each
@@ -27,6 +31,7 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 SUITES = ("params", "packing", "attention_work", "encoder", "train_step", "kernels", "pipeline",
           "cache", "recompile")
 ENCODER_SUITES = ("encoder", "train_step", "kernels")  # benchmarks.encoder, in a child process
+EXTRA_SUITES = ("serving",)  # run only when named
 
 
 def parse_args(argv=None):
@@ -58,6 +63,11 @@ def parse_args(argv=None):
                  help="seconds; suites not started before this much time has passed are skipped")
   p.add_argument("--no-engine", action="store_true",
                  help="pipeline/recompile: do not use logrerank_jax.inference.Reranker")
+  p.add_argument("--checkpoint", default="runs/demo/global",
+                 help="serving: the model folder to serve (default: the demo's final model)")
+  p.add_argument("--clients", type=int, default=16, help="serving: concurrent HTTP clients")
+  p.add_argument("--requests", type=int, default=48,
+                 help="serving: requests per round (the demo's 50-paragraph test pools, cycled)")
   p.add_argument("--json", default="", help="write all figures here")
   return p.parse_args(argv)
 
@@ -97,9 +107,9 @@ def main(argv=None):
   """Run the chosen suites and write the JSON."""
   args = parse_args(argv)
   suites = SUITES if args.suite == "all" else tuple(s.strip() for s in args.suite.split(","))
-  unknown = [s for s in suites if s not in SUITES]
+  unknown = [s for s in suites if s not in SUITES + EXTRA_SUITES]
   if unknown:
-    raise SystemExit(f"unknown suite(s) {unknown}; known: {SUITES}")
+    raise SystemExit(f"unknown suite(s) {unknown}; known: {SUITES + EXTRA_SUITES}")
   threads = set_threads(args.threads)
   import torch  # pylint: disable=g-import-not-at-top
   torch.set_num_threads(threads)
@@ -174,6 +184,10 @@ def main(argv=None):
       results[suite] = bm.recompile_suite(get_pools(), tokenizer, args.size,
                                           num_queries=args.recompile_queries,
                                           engine=not args.no_engine)
+    elif suite == "serving":
+      from benchmarks import serving  # pylint: disable=g-import-not-at-top
+      results[suite] = serving.serving_suite(args.checkpoint, clients=args.clients,
+                                             num_requests=args.requests, reps=args.reps)
     elif suite == "cache":
       if tokenizer is None:
         get_pools()

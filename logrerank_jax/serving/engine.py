@@ -1,0 +1,207 @@
+"""Device side of the reranking engine: the two jitted forwards, the device mesh, the compiled
+executables and their counts.
+
+`Engine` owns the params (replicated once over a mesh of this process's devices), the jitted local
+stage (`LoGReranker.local_nodes`) and global stage (`LoGReranker.global_logits`, or the graph
+alone for a model without a global stage), and one compiled executable per (stage, shapes). Jobs
+of one shape run `num_devices` at a time as one data-parallel step (`run_stacked`); a short stack
+is padded with inert calls whose outputs are dropped. It knows nothing about records or packing:
+the planner (`serving.planner`) hands it model arrays.
+
+Compilation count.  `compile_stats()["xla_compilations"]` counts the
+`/jax/core/compile/backend_compile_duration` events (`jax.monitoring`) fired while this engine
+compiles: one per XLA executable built, including ones loaded from the persistent compilation
+cache (`persistent_cache_hits` counts those separately). `jit_cache_entries` is the number of
+distinct (stage, shapes) executables.
+
+Not thread-safe: one thread drives an engine (the caller of `Reranker.score`, or the serving
+batcher's engine thread).
+"""
+
+import functools
+from typing import Any, List, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from logrerank_jax import compilation
+from logrerank_jax.errors import CheckpointError, DataError
+from logrerank_jax.models import log_reranker as lr
+
+
+def check_param_shapes(params, cfg: lr.LoGConfig) -> None:
+  """Raise CheckpointError listing every param whose shape differs from what `cfg` builds.
+
+  Without it, params saved under another config fail deep inside the first forward call.
+  """
+  from flax.traverse_util import flatten_dict  # pylint: disable=g-import-not-at-top
+  want = lr.param_shapes(cfg)  # shapes only, no compute
+  # A local-stage export lacks "global", so compare shared subtrees.
+  shared = [top for top in want if top in params]
+  want = {"/".join(k): tuple(v.shape)
+          for k, v in flatten_dict({t: dict(want[t]) for t in shared}).items()}
+  got = {"/".join(k): tuple(np.shape(v))
+         for k, v in flatten_dict({t: dict(params[t]) for t in shared}).items()}
+  bad = [f"{k}: missing from checkpoint" for k in sorted(want.keys() - got.keys())]
+  bad += [f"{k}: not in the model" for k in sorted(got.keys() - want.keys())]
+  bad += [f"{k}: checkpoint {got[k]} vs model {want[k]}"
+          for k in sorted(want.keys() & got.keys()) if got[k] != want[k]]
+  if bad:
+    raise CheckpointError(f"params do not match the model config ({len(bad)} mismatches): "
+                          + "; ".join(bad[:20]) + (f"; ... {len(bad) - 20} more" if len(bad) > 20 else ""))
+
+
+def local_forward(params, arrays, cfg):
+  """Jitted local stage over one packed call: the node features the global stage and the
+  output need ([Q, N, ...])."""
+  nodes = lr.LoGReranker(cfg).apply({"params": {"local": params["local"]}}, arrays, True,
+                                    method=lr.LoGReranker.local_nodes)
+  return {k: nodes[k] for k in ("h", "role_probs", "local_score")}
+
+
+def global_forward(params, feats, cfg):
+  """Jitted global stage over whole query graphs: graph build + GAT (or, without a global
+  stage, the graph alone: final = local)."""
+  model = lr.LoGReranker(cfg)
+  mask = feats["node_mask"]
+  if cfg.use_global:
+    logit, graph = model.apply({"params": {"global": params["global"]}}, feats,
+                               feats["node_passage"], mask, True,
+                               method=lr.LoGReranker.global_logits)
+    final = jnp.where(mask, jax.nn.sigmoid(logit), 0.0)
+  else:
+    graph = model.apply({"params": {}}, feats, feats["node_passage"], mask,
+                        method=lr.LoGReranker.sentence_graph)
+    final = feats["local_score"]
+  q, n = mask.shape
+  return {"final_score": final.reshape(q * n), "graph": graph}
+
+
+def stacked(fn, mesh):
+  """`fn(params, x)` over a leading device axis of `x`, sharded over `mesh`'s "data" axis,
+  params replicated: D calls of one shape run as one data-parallel step."""
+  from jax.sharding import NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
+  data = NamedSharding(mesh, PartitionSpec("data"))
+  return jax.jit(jax.vmap(fn, in_axes=(None, 0)),
+                 in_shardings=(NamedSharding(mesh, PartitionSpec()), data), out_shardings=data)
+
+
+def inert_like(arrays: dict) -> dict:
+  """An inert call of the same shapes (nothing attended, no spans, no nodes): pads a device
+  stack; its outputs are dropped."""
+  return {k: np.full_like(v, -1 if k in ("span_node", "node_passage") else 0)
+          for k, v in arrays.items()}
+
+
+def out_of_memory(e: Exception) -> bool:
+  """Whether an XLA error is the device running out of memory."""
+  text = str(e)
+  return "RESOURCE_EXHAUSTED" in text or "Out of memory" in text or "out of memory" in text
+
+
+def raise_if_out_of_memory(e: Exception) -> None:
+  """Turn a device out-of-memory error into a DataError naming the flags that shrink calls."""
+  if out_of_memory(e):
+    raise DataError("out of device memory; rerank with fewer queries per call "
+                    "(--queries-per-batch / queries_per_batch, local_slots) or shorter rows "
+                    "(--row-len / row_len, --row-buckets)") from None
+
+
+class Engine:
+  """The jitted local and global stages of one model on this process's devices."""
+
+  def __init__(self, params, cfg: lr.LoGConfig, devices: Optional[Sequence[Any]] = None):
+    """Place `params` on the devices and build the two jitted stages.
+
+    Args:
+      params: the `LoGReranker` param tree (checked against `cfg`).
+      cfg: its `LoGConfig`.
+      devices: the devices to shard calls over (default `jax.local_devices()`).
+    """
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
+    if cfg.use_global and "global" not in params:
+      raise CheckpointError("params have no 'global' tree but the config has use_global=True")
+    check_param_shapes(params, cfg)
+    self.cfg = cfg
+    self.devices = list(devices) if devices else list(jax.local_devices())
+    self.num_devices = len(self.devices)
+    self.mesh = Mesh(np.asarray(self.devices, dtype=object), ("data",))
+    self._data_sharding = NamedSharding(self.mesh, PartitionSpec("data"))
+    # Params live on the devices once (replicated); host arrays would be copied on every call.
+    self.params = jax.device_put(params, NamedSharding(self.mesh, PartitionSpec()))
+    self._jits = {"local": stacked(functools.partial(local_forward, cfg=cfg), self.mesh),
+                  "global": stacked(functools.partial(global_forward, cfg=cfg), self.mesh)}
+    self._executables = {}  # (stage, shapes) -> compiled executable
+    self._compiles = 0
+    self._cache_hits = 0
+    self.calls = 0
+    # Local-stage bookkeeping: `real` is added by the caller (it knows the packed tokens).
+    self.tokens = {"real": 0, "computed": 0, "inert": 0, "local_calls": 0, "inert_calls": 0}
+    compilation.ensure_listeners()
+
+  def compile_stats(self) -> dict:
+    """Compilation counters (module docstring) and the number of device steps run."""
+    return {"xla_compilations": self._compiles, "persistent_cache_hits": self._cache_hits,
+            "jit_cache_entries": len(self._executables), "forward_calls": self.calls}
+
+  def executable(self, stage: str, stacked_arrays: dict):
+    """The compiled executable of a stage for these stacked shapes (compiled once, counted)."""
+    key = (stage,) + tuple((k, v.shape, str(v.dtype)) for k, v in sorted(stacked_arrays.items()))
+    exe = self._executables.get(key)
+    if exe is None:
+      spec = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in stacked_arrays.items()}
+      before = dict(compilation.COUNTS)
+      try:
+        exe = self._jits[stage].lower(self.params, spec).compile()
+      except Exception as e:  # pylint: disable=broad-except
+        raise_if_out_of_memory(e)
+        raise
+      finally:
+        self._compiles += compilation.COUNTS["compiles"] - before["compiles"]
+        self._cache_hits += compilation.COUNTS["cache_hits"] - before["cache_hits"]
+      self._executables[key] = exe
+    return exe
+
+  def compile_shape(self, stage: str, arrays: dict) -> None:
+    """Compile `stage` for one call of `arrays`' shapes (stacked over the devices)."""
+    self.executable(stage, {k: np.zeros((self.num_devices,) + v.shape, v.dtype)
+                            for k, v in arrays.items()})
+
+  def call(self, stage: str, lanes: List[dict]):
+    """Run up to `num_devices` calls of one shape as one data-parallel step (the stack padded
+    with inert calls); host copies of each real lane's outputs."""
+    d = self.num_devices
+    lanes = list(lanes) + [inert_like(lanes[0])] * (d - len(lanes))
+    stacked_arrays = {k: np.stack([ln[k] for ln in lanes]) for k in lanes[0]}
+    exe = self.executable(stage, stacked_arrays)
+    try:
+      out = exe(self.params, jax.device_put(stacked_arrays, self._data_sharding))
+      out = jax.tree_util.tree_map(np.asarray, out)  # waits for the devices
+    except Exception as e:  # pylint: disable=broad-except  (XLA raises its own runtime errors)
+      raise_if_out_of_memory(e)
+      raise
+    self.calls += 1
+    return out
+
+  def run_stacked(self, stage: str, jobs: list) -> list:
+    """Run (arrays, tag) jobs: jobs of one shape are stacked `num_devices` at a time (in
+    order); returns (tag, outputs of its lane) per job, in job order."""
+    by_shape = {}
+    for j, (arrays, _) in enumerate(jobs):
+      by_shape.setdefault(tuple((k, v.shape) for k, v in sorted(arrays.items())), []).append(j)
+    outs = [None] * len(jobs)
+    d = self.num_devices
+    for idx in by_shape.values():
+      for start in range(0, len(idx), d):
+        part = idx[start:start + d]
+        out = self.call(stage, [jobs[j][0] for j in part])
+        if stage == "local":
+          self.tokens["local_calls"] += len(part)
+          self.tokens["inert_calls"] += d - len(part)
+          rows_len = int(np.prod(jobs[part[0]][0]["input_ids"].shape))
+          self.tokens["computed"] += rows_len * len(part)
+          self.tokens["inert"] += rows_len * (d - len(part))
+        for lane, j in enumerate(part):
+          outs[j] = (jobs[j][1], jax.tree_util.tree_map(lambda x, i=lane: x[i], out))
+    return outs

@@ -1,0 +1,84 @@
+"""One group of records through both stages: local calls, whole-graph global calls, scores.
+
+`score_group` is the engine's unit of work. The Python API (`Reranker.score`), the batch CLI and
+the HTTP server's batcher all score records through it, so a request's scores do not depend on
+the door it came in by (only on float rounding of the shapes it was packed into).
+"""
+
+from typing import List, Optional, Sequence
+
+import numpy as np
+
+from logrerank_jax.data.inference_input import InferenceRecord
+from logrerank_jax.graph.context import log_context
+from logrerank_jax.results import QueryScores
+from logrerank_jax.schema import NUM_ROLES
+from logrerank_jax.serving.engine import Engine
+from logrerank_jax.serving.planner import Planner
+
+
+def score_group(engine: Engine, planner: Planner, records: Sequence[InferenceRecord],
+                jobs: Optional[list] = None) -> List[QueryScores]:
+  """Score records: the local stage over as few, nearly full calls as they need, then the global
+  stage over each query's whole graph (never cut), `queries_per_batch` queries per call; calls
+  of one shape run `num_devices` at a time.
+
+  Args:
+    engine: the device side.
+    planner: the host side.
+    records: parsed records.
+    jobs: the records' `planner.local_jobs`, when a host worker has prepared them already.
+
+  Returns:
+    One `QueryScores` per record, in order.
+
+  Raises:
+    LogRerankError: the group cannot be scored (e.g. out of device memory).
+  """
+  nodes: List[List[tuple]] = [[] for _ in records]   # per record: (pi, si, h, roles, z)
+  windows = [dict() for _ in records]                # per record: pi -> (windows, trunc, empty)
+  truncated_q = [False] * len(records)
+  if jobs is None:
+    jobs = planner.local_jobs(records)
+  for (part, arrays, info), out in engine.run_stacked("local", jobs):
+    engine.tokens["real"] += info.real_tokens
+    node_passage, node_mask = arrays["node_passage"], arrays["node_mask"]
+    for slot, (ri, pis) in enumerate(part):
+      truncated_q[ri] |= bool(info.query_truncated[slot])
+      for ni in np.flatnonzero(node_mask[slot]):
+        # node n of a slot is its n-th sentence in passage order (packer contract)
+        lp = int(node_passage[slot, ni])
+        nodes[ri].append((pis[lp], out["h"][slot, ni], out["role_probs"][slot, ni],
+                          float(out["local_score"][slot, ni])))
+      for lp, pinfo in zip(pis, planner.passage_info_of(records[ri], pis, info.passages[slot])):
+        windows[ri][lp] = pinfo
+  # Sentence index of each node: a passage's nodes are its sentences in order, all in one
+  # slot (packer contract), so counting them per passage recovers the index.
+  for ri in range(len(records)):
+    fixed, seen = [], {}
+    for pi, h, roles, z in nodes[ri]:
+      si = seen.get(pi, 0)
+      seen[pi] = si + 1
+      fixed.append((pi, si, h, roles, z))
+    nodes[ri] = fixed
+  size = planner.queries_per_batch
+  use_global = engine.cfg.use_global
+  results: List[QueryScores] = []
+  for (group, feats), out in engine.run_stacked("global", planner.global_jobs(nodes)):
+    n = feats["node_mask"].shape[1]
+    out = dict(out, role_probs=feats["role_probs"].reshape(size * n, NUM_ROLES))
+    contexts = log_context(out, engine.cfg)
+    final = out["final_score"].reshape(size, n)
+    for q, ri in enumerate(group):
+      rec, k = records[ri], len(nodes[ri])
+      empty_info = (0, [], [])
+      results.append(QueryScores(
+          record=rec, node_passage=feats["node_passage"][q, :k].copy(),
+          node_sentence=np.asarray([t[1] for t in nodes[ri]], np.int32),
+          local_score=feats["local_score"][q, :k].copy(),
+          global_score=final[q, :k].copy() if use_global else None,
+          final_score=final[q, :k].copy(), role_probs=feats["role_probs"][q, :k].copy(),
+          context=contexts[q],
+          passage_info=[windows[ri].get(pi, empty_info) for pi in range(len(rec.passages))],
+          query_truncated=truncated_q[ri]))
+  return results
