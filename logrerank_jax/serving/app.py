@@ -5,6 +5,9 @@ Routes (field names of each ecosystem, `serving.schemas`):
   POST /v1/rerank   Jina / vLLM (also takes `relevant_spans`)
   POST /rerank      TEI (`texts`) or Jina / vLLM (`documents`), told apart by the body
   POST /log/rerank  one OpenScholar record -> the "log" record `tools/rerank.py` writes for it
+  GET  /            the explanation page (`logrerank_jax.explain.form_page`): paste a question
+                    and passages or pick a shipped demo pool; the `/log/rerank` answer is drawn
+                    by the same renderer as `tools/rerank.py --html`
   GET  /health      503 while the model loads and compiles (and while stopping), then 200
   GET  /info        model folder, backbone, buckets, devices, limits, version
   GET  /metrics     Prometheus text: requests by route and status, latency, batch sizes, queue
@@ -41,12 +44,14 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from fastapi import Body, FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.requests import ClientDisconnect
 from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram,
                                generate_latest)
 
+from logrerank_jax import explain
 from logrerank_jax.data.inference_input import parse_inference_record
+from logrerank_jax.data.pools import expand_pools
 from logrerank_jax.errors import DataError, LogRerankError
 from logrerank_jax.results import RankedResults, RecordError, make_result, ranked_results
 from logrerank_jax.serving import schemas
@@ -284,6 +289,37 @@ def _relevance(passage) -> float:
   return passage.score if math.isfinite(passage.score) else 0.0
 
 
+# Shipped pools the home page offers (package data): the first few of each pool set, as
+# (pools file, corpus file) under logrerank_jax/demo_data/.
+_DEMO_POOL_FILES = (("paragraphs/test_pools.jsonl", "paragraphs/corpus.jsonl"),
+                    ("scholarqa_cs/pools.jsonl", "scholarqa_cs/corpus.jsonl"))
+DEMO_POOLS_PER_SET = 3
+
+
+def demo_pools(per_set: int = DEMO_POOLS_PER_SET) -> List[Dict[str, Any]]:
+  """The shipped demo pools the home page offers (full OpenScholar records), `per_set` of each
+  pool set present in the installed package."""
+  import json  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "demo_data")
+
+  def read(name, limit=None):
+    out = []
+    with open(os.path.join(root, name), encoding="utf-8") as f:
+      for line in f:
+        if line.strip():
+          out.append(json.loads(line))
+          if limit is not None and len(out) == limit:
+            break
+    return out
+
+  pools = []
+  for pools_file, corpus_file in _DEMO_POOL_FILES:
+    if os.path.exists(os.path.join(root, pools_file)):
+      pools += expand_pools(read(pools_file, per_set), read(corpus_file))
+  return pools
+
+
 def create_app(load: Callable[[], Any], settings: ServeSettings = ServeSettings(),
                on_fatal: Optional[Callable[[BaseException], None]] = None,
                version: Optional[str] = None) -> FastAPI:
@@ -457,6 +493,17 @@ def create_app(load: Callable[[], Any], settings: ServeSettings = ServeSettings(
                       f"of {settings.max_documents} (--max-documents)")
     result, _ = await _through_batcher(parsed)
     return JSONResponse(result.to_dict())
+
+  home = {}
+
+  @app.get("/", response_class=HTMLResponse,
+           summary="explanation page: rerank a question and passages, or a demo pool")
+  async def home_page():
+    # Built once (it embeds the demo pools); answers while warming too: the form's request is
+    # what waits for the model.
+    if "page" not in home:
+      home["page"] = await run_in_threadpool(explain.form_page, "/log/rerank", demo_pools())
+    return HTMLResponse(home["page"])
 
   @app.get("/health", summary="200 once the model is loaded and compiled")
   async def health():
