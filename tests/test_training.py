@@ -178,18 +178,21 @@ def _check_tensorboard(workdir, steps, train_tags):
   training step of the loss terms, the learning rate and throughput, and the validation metrics,
   with the values metrics.jsonl holds."""
   from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+  from logrerank_jax.training.metric_log import tag_for
   acc = EventAccumulator(str(workdir / "tensorboard"), size_guidance={"scalars": 0})
   acc.Reload()
   tags = set(acc.Tags()["scalars"])
-  want = set(train_tags) | {"train/lr", "throughput/tokens_per_s", "throughput/units_per_s",
-                            "val/ndcg@10", "val/map@10", "val/recall@10"}
-  assert want <= tags, sorted(want - tags)
+  keys = {"train/lr": ("train", "lr"), "throughput/tokens_per_s": ("train", "tokens_per_s"),
+          "throughput/units_per_s": ("train", "units_per_s"), "val/ndcg_at_10": ("val", "ndcg@10"),
+          "val/map_at_10": ("val", "map@10"), "val/recall_at_10": ("val", "recall@10")}
+  keys.update({t: ("train", t.split("/")[1]) for t in train_tags})
+  assert all(tag_for(*kk) == t for t, kk in keys.items())  # the documented names
+  assert set(keys) <= tags, sorted(set(keys) - tags)
   records = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
   train = {r["step"]: r for r in records if r["event"] == "train"}
   val = {r["step"]: r for r in records if r["event"] == "val"}
   assert len(train) == steps and val
-  for tag in want:
-    kind, key = tag.split("/")
+  for tag, (kind, key) in keys.items():
     source = val if kind == "val" else train
     got = {e.step: e.value for e in acc.Scalars(tag)}
     assert got.keys() == source.keys(), tag

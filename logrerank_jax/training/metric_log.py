@@ -11,7 +11,11 @@ side. Scalars, at the record's micro-step:
   train/<term>      the loss and each of its terms (rank, role, pairwise, ...) of "train" records
   train/lr          the learning rate
   throughput/<x>    tokens_per_s, units_per_s
-  val/<metric>      each validation metric of "val" records (ndcg@10, map@10, recall@10, ...)
+  val/<metric>      each validation metric of "val" records (ndcg_at_10, map_at_10, recall_at_10, ...)
+
+Tag names: TensorBoard accepts only [-/\w.] in a tag (tensorboardX rewrites any other character
+to "_" with a log line), so a metric's "@" is spelled "_at_" here (`tag_for`): "ndcg@10" in
+metrics.jsonl is "val/ndcg_at_10" in TensorBoard.
 
 The events are written with `tensorboardX` (a small pure-Python writer; the `tensorboard` package
 is only needed to view or read them), imported here and only when a run starts, so nothing else in
@@ -30,6 +34,14 @@ _NOT_SCALARS = {"event", "step", "epoch", "stage"}
 _THROUGHPUT = {"tokens_per_s", "units_per_s"}
 
 
+def tag_for(kind: str, key: str) -> str:
+  """The TensorBoard tag of `key` in a record of `kind` ("train" or "val")."""
+  key = key.replace("@", "_at_")
+  if kind == "val":
+    return f"val/{key}"
+  return f"throughput/{key}" if key in _THROUGHPUT else f"train/{key}"
+
+
 def _scalars(rec: Dict[str, Any]):
   """(tag, value) of the record's finite numbers, named by the record's kind."""
   kind = rec.get("event")
@@ -40,13 +52,7 @@ def _scalars(rec: Dict[str, Any]):
       continue
     if not math.isfinite(value):
       continue
-    if kind == "val":
-      tag = f"val/{key}"
-    elif key in _THROUGHPUT:
-      tag = f"throughput/{key}"
-    else:
-      tag = f"train/{key}"
-    yield tag, float(value)
+    yield tag_for(kind, key), float(value)
 
 
 class MetricLog:
