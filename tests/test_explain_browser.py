@@ -13,16 +13,12 @@ moved-most marks, a role legend; keyboard focus reaches the graph nodes and show
 import json
 import pathlib
 
-import jax
-import numpy as np
 import pytest
 
 from logrerank_jax import explain
 from logrerank_jax.data.pools import expand_pools
 from test_explain import HOSTILE_SENTENCE, HOSTILE_TITLE, synthetic_result
-from logrerank_jax.data.packing import QueryInput, pack_queries
-from logrerank_jax.models import log_reranker as lr
-from test_inference import PACKING, make_pools
+from test_inference import make_pools, make_tiny_model
 from test_rerank_cli import load_tool, read_jsonl
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -60,41 +56,11 @@ def paragraph_pool(size):
   return {"id": "pool200", "input": pools[0]["input"], "ctxs": ctxs[:size]}
 
 
-def random_tiny_model(directory, pools, seed=0):
-  """A tiny LoG model folder with random weights, as `test_inference.make_tiny_model` (same
-  tokenizer, config and saving), its weights drawn in NumPy for the shapes `jax.eval_shape`
-  gives: make_tiny_model's jitted init compiles the whole forward (17 s of CPU measured at load
-  9), eval_shape only traces it (1 s). LayerNorm scales 1, biases 0, every other weight
-  N(0, 1/fan_in) (flax's default lecun-normal scale)."""
-  from logrerank_jax.data.tokenization import train_wordpiece_tokenizer
-  from logrerank_jax.models.model_folder import save_model
-
-  texts = [p["input"] for p in pools] + [c["text"] for p in pools for c in p["ctxs"]]
-  tok = train_wordpiece_tokenizer(texts, 600)
-  cfg = lr.LoGConfig.tiny(vocab_size=len(tok))
-  example, _ = pack_queries([QueryInput("q", [["a b", "c"]])], tok, PACKING)
-  shapes = jax.eval_shape(lambda key: lr.init_params(cfg, example, key), jax.random.PRNGKey(seed))
-  rng = np.random.default_rng(seed)
-
-  def draw(path, leaf):
-    name = getattr(path[-1], "key", "")
-    if name == "scale":
-      return np.ones(leaf.shape, leaf.dtype)
-    if name == "bias":
-      return np.zeros(leaf.shape, leaf.dtype)
-    fan_in = leaf.shape[-2] if leaf.ndim >= 2 else leaf.shape[-1]
-    return rng.normal(0.0, fan_in ** -0.5, leaf.shape).astype(leaf.dtype)
-
-  params = jax.tree_util.tree_map_with_path(draw, shapes)
-  save_model(str(directory), params, cfg, tok)
-  return str(directory)
-
-
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
   """One `tools/rerank.py --html` run: (page folder, output records)."""
   tmp = tmp_path_factory.mktemp("explain_run")
-  model = random_tiny_model(tmp / "model", make_pools()[0])
+  model = make_tiny_model(tmp / "model", make_pools()[0])  # the tests' shared tiny model
   pool50 = demo_pools(1)[0]
   assert len(pool50["ctxs"]) == 50
   pool200 = paragraph_pool(200)
