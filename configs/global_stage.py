@@ -4,18 +4,13 @@ Derived from `local_stage.py` (same keys), changing only what the paper sets dif
 this stage. Needs `--config.local_checkpoint=DIR`, the workdir of a finished local-stage run.
 """
 
-import importlib.util
-import os
-
 import ml_collections
+
+from logrerank_jax.training.config_files import sibling_config
 
 
 def _local_stage():
-  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "local_stage.py")
-  spec = importlib.util.spec_from_file_location("_logrerank_local_stage", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return sibling_config(__file__, "local_stage.py")
 
 
 def get_config(variant: str = "") -> ml_collections.ConfigDict:

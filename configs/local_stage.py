@@ -34,6 +34,16 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   config.train_file = os.path.join(_DEMO, "train.jsonl")
   config.val_file = os.path.join(_DEMO, "val.jsonl")
   config.skip_invalid = False            # True: skip and count bad lines instead of refusing
+  # Validation on evaluation pools instead of val_file (what tools/evaluate.py reads): pool
+  # JSONL, TREC qrels, and for id-only pools the corpus resolving their ids. "" = val_file.
+  config.val_pools = ""
+  config.val_qrels = ""
+  config.val_corpus = ""
+  # Distillation (NOT in the paper): a listwise KL between a teacher's passage scores and the
+  # model's (passage = its best sentence, as LoG ranks passages), beside the gold losses.
+  config.teacher_file = ""               # JSONL {"id", "scores": {passage id: score}, "labelled"}
+  config.distill_weight = 0.0            # weight of the KL term; 0 = off
+  config.distill_temperature = 0.05      # teacher scores / T -> target softmax (0.05: cosines)
   # --- Initialisation and tokenizer.
   config.init_checkpoint = ""            # HF ModernBERT folder (e.g. gte-reranker-modernbert-base)
   config.tokenizer = ""                  # HF tokenizer folder; "" -> init_checkpoint's or trained
@@ -44,6 +54,8 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   config.ablation = ""                   # one paper ablation name, e.g. "w/o role head"
   config.dtype = "float32"               # compute dtype: "float32" | "bfloat16" (params float32)
   config.dropout = 0.1                   # heads and GAT (paper); encoder dropouts from its config
+  config.dense_prior = 0.0               # NOT in the paper: > 0 adds w * cos(h_q, h_s) to the
+                                         # local logit, w learned from this value (local_scorer.py)
   config.graph_k = 8                     # similarity top-k (global stage; kept for one model config)
   config.tau_sim = 0.75
   config.delta = 0.25

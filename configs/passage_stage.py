@@ -8,16 +8,11 @@ BertForSequenceClassification folder that `baselines.CrossEncoder.from_pretraine
 (`tools/evaluate.py --cross-encoder WORKDIR/model`). `micro_batch_size` counts queries here.
 """
 
-import importlib.util
-import os
+from logrerank_jax.training.config_files import sibling_config
 
 
 def _local_stage():
-  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "local_stage.py")
-  spec = importlib.util.spec_from_file_location("_logrerank_local_stage", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return sibling_config(__file__, "local_stage.py")
 
 
 def get_config(variant: str = ""):

@@ -176,12 +176,6 @@ class CrossEncoder:
     return out
 
 
-def cross_encoder_scores(model: CrossEncoder, query: str, ctxs: Sequence[dict]) -> list:
-  """Cross-encoder logit of every candidate ("title text")."""
-  return [float(s) for s in model.score(query, [passage_string(c) for c in ctxs])]
-
-
-
 def _embed(params, input_ids, attention_mask, token_type_ids, cfg):
   """Jitted body: mean-pooled, L2-normalised embeddings ([B, L] -> [B, d], float32)."""
   from logrerank_jax.models.bert import BertEncoder

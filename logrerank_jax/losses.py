@@ -1,4 +1,5 @@
-"""Training losses of LoG-Reranker (paper eqs 19-23): listwise local, role KL, pairwise global.
+"""Training losses of LoG-Reranker (paper eqs 19-23): listwise local, role KL, pairwise global;
+and, not in the paper, a listwise distillation KL towards a teacher's scores.
 
 Every loss is pure `jax.numpy`, safe under `jit`/`pmap`/`vmap`, and returns one scalar.
 Computation runs in float32 whatever the input dtype (bf16/f16 inputs are upcast; float64
@@ -16,7 +17,8 @@ import jax.numpy as jnp
 
 from logrerank_jax.errors import ConfigError, DataError
 
-__all__ = ["listwise_rank_loss", "role_kl_loss", "pairwise_global_loss"]
+__all__ = ["listwise_rank_loss", "role_kl_loss", "pairwise_global_loss", "listwise_kl_loss",
+           "listwise_kl_per_row"]
 
 
 def _compute_dtype(*arrays):
@@ -202,3 +204,44 @@ def pairwise_global_loss(logits, passage_rank, sentence_rank, passage_ids, mask,
   per_query, has_pair = pairwise_query_losses(*args, max_better_rank=max_better_rank)  # [Q], [Q]
   return jnp.sum(jnp.where(has_pair, per_query, 0.0)) / jnp.maximum(
       jnp.sum(has_pair), 1).astype(dtype)
+
+
+def listwise_kl_per_row(student_logits, teacher_scores, mask, temperature=1.0):
+  """Per-row KL(softmax(teacher / T) || softmax(student)) over each row's valid entries.
+
+  Not in the paper: the distillation term of the demo recipe (README). A row is one query's
+  candidates (passages, or sentences); the teacher's scores (e.g. a bi-encoder's cosines) are
+  sharpened by `temperature` into a target distribution, the student's logits are used as
+  they are. Rows with fewer than two valid entries carry no ranking and give 0 (`has` False).
+
+  Args:
+    student_logits: float [R, C].
+    teacher_scores: float [R, C] (masked entries may hold anything, even inf).
+    mask: bool [R, C].
+    temperature: positive teacher temperature.
+
+  Returns:
+    (per_row [R] KL >= 0, 0 where `has` is False; has [R] bool).
+  """
+  if isinstance(temperature, numbers.Number) and not temperature > 0:
+    raise ConfigError(f"listwise_kl_per_row: temperature must be > 0, got {temperature}")
+  if jnp.ndim(student_logits) != 2:
+    raise DataError(f"student_logits must be [R, C], got shape {tuple(jnp.shape(student_logits))}")
+  _check_shape("teacher_scores", teacher_scores, jnp.shape(student_logits))
+  _check_shape("mask", mask, jnp.shape(student_logits))
+  dtype = _compute_dtype(student_logits, teacher_scores)
+  mask = jnp.asarray(mask).astype(bool)
+  teacher = jnp.where(mask, jnp.asarray(teacher_scores).astype(dtype), 0.0) / temperature
+  log_t = _masked_log_softmax(teacher, mask)                                     # [R, C]
+  log_s = _masked_log_softmax(jnp.asarray(student_logits).astype(dtype), mask)   # [R, C]
+  t = jnp.where(mask, jnp.exp(log_t), 0.0)
+  per_row = jnp.sum(jnp.where(mask, t * (log_t - log_s), 0.0), axis=-1)
+  has = jnp.sum(mask, axis=-1) >= 2
+  return jnp.where(has, per_row, 0.0), has
+
+
+def listwise_kl_loss(student_logits, teacher_scores, mask, temperature=1.0):
+  """Mean over rows with >= 2 valid entries of `listwise_kl_per_row` (0 when there is none)."""
+  per_row, has = listwise_kl_per_row(student_logits, teacher_scores, mask, temperature)
+  dtype = per_row.dtype
+  return jnp.sum(per_row) / jnp.maximum(jnp.sum(has), 1).astype(dtype)

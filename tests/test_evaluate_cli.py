@@ -70,7 +70,10 @@ def test_evaluate_prints_table_and_writes_runs(run, capsys):
   stdout = capsys.readouterr().out.splitlines()
   systems = ["bm25", "cross-encoder", "log-local", "log"]
   assert stdout[0].split() == ["system", f"recall@{K}", f"map@{K}", f"ndcg@{K}"]
-  assert [line.split()[0] for line in stdout[1:]] == systems
+  assert [line.split()[0] for line in stdout[1:1 + len(systems)]] == systems
+  # Then LoG minus each other system, paired per query (metrics.json "paired").
+  assert stdout[1 + len(systems)].startswith("log minus each system")
+  assert [line.split()[0] for line in stdout[2 + len(systems):]] == systems[:-1]
   metrics = json.loads((out / "metrics.json").read_text())["metrics"]
 
   # BM25 row == rerank_metrics on the pool's BM25 ordering, to the printed precision and exactly.
@@ -127,3 +130,45 @@ def test_label_qrels_and_bad_pool_file(run, capsys):
   rc = tool.main(["--pools", str(bad), "--out-dir", str(tmp / "bad_eval"), "--no-progress"])
   assert rc == 1
   assert "bad.jsonl:2" in capsys.readouterr().err and not (tmp / "bad_eval").exists()
+
+
+def test_first_stage_system_and_paired_bootstrap(run, tmp_path):
+  """--first-stage scores the pool order; the paired comparison is the per-query nDCG
+  difference, its bootstrap interval holds the mean, and a rerun gives the same figures."""
+  tmp, _, pools, qrels, _ = run
+  args = ["--pools", str(tmp / "pools.jsonl"), "--qrels", str(tmp / "pools.qrels"), "--k", str(K),
+          "--first-stage", "--paired-against", "first-stage", "--no-progress"]
+  tool = load_tool()
+  assert tool.main(args + ["--out-dir", str(tmp_path / "a")]) == 0
+  assert tool.main(args + ["--out-dir", str(tmp_path / "b")]) == 0
+  a = json.loads((tmp_path / "a" / "metrics.json").read_text())
+  b = json.loads((tmp_path / "b" / "metrics.json").read_text())
+  assert a["paired"] == b["paired"]
+  order_run = {p["id"]: [c["id"] for c in p["ctxs"]] for p in pools}
+  assert a["metrics"]["first-stage"] == rerank_metrics(order_run, qrels, k=K)
+  rows = [json.loads(line) for line in (tmp_path / "a" / "per_query.jsonl").read_text().splitlines()]
+  ndcg = {(r["system"], r["qid"]): r[f"ndcg@{K}"] for r in rows}
+  diffs = [ndcg[("first-stage", q)] - ndcg[("bm25", q)] for q in sorted(qrels)]
+  d = a["paired"]["systems"]["bm25"]
+  assert d["mean"] == pytest.approx(np.mean(diffs), abs=1e-9)
+  assert (d["wins"], d["losses"], d["ties"]) == (sum(x > 0 for x in diffs), sum(x < 0 for x in diffs),
+                                                sum(x == 0 for x in diffs))
+  assert d["low"] <= d["mean"] <= d["high"]
+
+
+def test_paired_bootstrap_matches_a_numpy_percentile_bootstrap():
+  tool = load_tool()
+  rng = np.random.default_rng(0)
+  a, b = rng.normal(50, 20, 60), rng.normal(45, 20, 60)
+  got = tool.paired_comparison(a, b, resamples=10000)
+  diff = a - b
+  idx = np.random.default_rng(1).integers(0, len(diff), size=(10000, len(diff)))
+  low, high = np.percentile(diff[idx].mean(axis=1), [2.5, 97.5])
+  # Two independent Monte-Carlo estimates of the same percentiles: each endpoint's sampling
+  # sd is sqrt(q(1-q)/R) / density ~ 0.027 standard errors of the mean at R = 10,000 (normal
+  # bootstrap distribution, q = 0.025); 0.15 se is > 3.9 sd of the difference of two estimates.
+  se = diff.std(ddof=1) / np.sqrt(len(diff))
+  assert abs(got["low"] - low) < 0.15 * se and abs(got["high"] - high) < 0.15 * se
+  assert got["mean"] == pytest.approx(diff.mean())
+  same = tool.paired_comparison(np.ones(5), np.zeros(5))
+  assert (same["low"], same["high"], same["wins"]) == (1.0, 1.0, 5)

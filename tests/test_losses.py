@@ -395,3 +395,78 @@ def test_pairwise_max_better_rank_gradient_matches_finite_differences():
           and srank[u] <= srank[v]):
         involved[u] = involved[v] = True
   assert np.all(grad[~involved] == 0.0) and np.any(grad[involved] != 0.0)
+
+
+# ---------------------------------------------------------------- distillation KL (not the paper)
+
+KL = jax.jit(losses.listwise_kl_loss, static_argnames="temperature")
+
+
+def np_kl(student, teacher, mask, temperature):
+  """Mean over rows with >= 2 valid entries of KL(softmax(t / T) || softmax(s)), float64."""
+  values = []
+  for r in range(student.shape[0]):
+    idx = np.flatnonzero(mask[r])
+    if idx.size < 2:
+      continue
+    t = teacher[r, idx].astype(np.float64) / temperature
+    p = np.exp(t - t.max())
+    p /= p.sum()
+    s = student[r, idx].astype(np.float64)
+    log_q = s - s.max() - np.log(np.sum(np.exp(s - s.max())))
+    values.append(float(np.sum(p * (np.log(p) - log_q))))
+  return float(np.mean(values)) if values else 0.0
+
+
+def kl_inputs(seed, r=4, c=6, dtype=np.float32):
+  """Student logits, teacher cosines in [-1, 1], a mask with a 1-entry row and an empty row."""
+  rng = np.random.default_rng(seed)
+  student = rng.normal(scale=2.0, size=(r, c)).astype(dtype)
+  teacher = rng.uniform(-1, 1, size=(r, c)).astype(dtype)
+  lengths = rng.integers(2, c + 1, size=r)
+  lengths[0], lengths[1] = 1, 0  # no ranking in one entry or none: those rows give 0
+  mask = np.arange(c)[None, :] < lengths[:, None]
+  return student, teacher, mask
+
+
+@pytest.mark.parametrize("seed,temperature", [(0, 1.0), (1, 0.05), (2, 0.3)])
+def test_listwise_kl_matches_numpy_and_is_zero_at_the_teacher(seed, temperature):
+  student, teacher, mask = kl_inputs(seed)
+  got = KL(student, teacher, mask, temperature=temperature)
+  assert got.dtype == jnp.float32 and got.shape == ()
+  # F32 derivation above, relative to the loss: logits / 0.05 reach |20|, so the log-softmax
+  # terms are O(20) and their rounding scales with them (measured <= 3e-6 at T = 0.05).
+  np.testing.assert_allclose(float(got), np_kl(student, teacher, mask, temperature),
+                             rtol=F32_RTOL * 10, atol=F32_ATOL * 10)
+  per_row, has = losses.listwise_kl_per_row(student, teacher, mask, temperature)
+  assert has.tolist() == [False, False, True, True]
+  assert float(per_row[0]) == 0.0 and float(per_row[1]) == 0.0
+  # A student equal to the sharpened teacher (any shift) has KL 0 up to float32 rounding of
+  # O(20) log-probabilities (~20 eps; 1e-5 bounds it).
+  shifted = teacher / temperature + 3.0
+  assert abs(float(KL(shifted, teacher, mask, temperature=temperature))) < 1e-5
+
+
+def test_listwise_kl_gradient_matches_finite_differences_and_masks():
+  with jax.enable_x64(True):
+    student, teacher, mask = kl_inputs(3, dtype=np.float64)
+    fn = lambda x: losses.listwise_kl_loss(x, teacher, mask, temperature=0.2)  # noqa: E731
+    assert fn(student).dtype == jnp.float64
+    analytic = np.asarray(jax.jit(jax.grad(fn))(jnp.asarray(student)))
+    numeric = _central_difference(jax.jit(fn), student, FD_STEP)
+  assert np.any(analytic != 0)
+  np.testing.assert_allclose(analytic, numeric, atol=FD_ATOL, rtol=0)
+  assert np.all(analytic[~mask] == 0.0)
+  # Garbage in masked teacher and student slots changes nothing and gets no gradient.
+  dirty_t = np.where(mask, teacher, np.inf).astype(np.float32)
+  dirty_s = np.where(mask, student, 1e30).astype(np.float32)
+  value, grad = jax.value_and_grad(lambda x: losses.listwise_kl_loss(x, dirty_t, mask, 0.2))(
+      jnp.asarray(dirty_s))
+  assert np.isfinite(float(value)) and np.all(np.asarray(grad)[~mask] == 0.0)
+  clean = losses.listwise_kl_loss(np.where(mask, student, 0).astype(np.float32),
+                                  np.where(mask, teacher, 0).astype(np.float32), mask, 0.2)
+  assert float(value) == float(clean)
+  with pytest.raises(ConfigError, match="temperature"):
+    losses.listwise_kl_loss(student, teacher, mask, temperature=0.0)
+  with pytest.raises(DataError, match="teacher_scores"):
+    losses.listwise_kl_loss(student, teacher[:, :2], mask)

@@ -422,3 +422,23 @@ def test_evidence_negatives_are_other_abstracts_result_paragraphs(para_pool):
         para_pool.queries[qi]["query"], 4, exclude=tuple(sorted(para_pool.own[qi])))
   with pytest.raises(DataError, match="evidence_negatives needs the paragraph unit"):
     A.PubMedPool(SLICE).candidates(0, 4, evidence_negatives=1)
+
+
+def test_teacher_records_rank_by_the_teacher_and_ban_held_out_paragraphs(para_pool):
+  """Distillation records: BM25 candidates (own paragraphs where BM25 puts them, banned ones
+  never), ranks by the teacher's scores, entries flagged unlabelled."""
+  banned = frozenset(para_pool.own[5])
+  teacher = lambda q, texts: [len(set(t.split())) / 100.0 for t in texts]  # noqa: E731
+  recs, entries, stats = A.build_teacher_records(para_pool, [0, 2], 6, teacher, banned)
+  assert stats.queries == 2 and [r.id for r in recs] == ["teacher:pubmed_slice:0",
+                                                         "teacher:pubmed_slice:2"]
+  for qi, rec, entry in zip([0, 2], recs, entries):
+    assert entry["id"] == rec.id and entry["labelled"] is False
+    cands = para_pool.bm25_candidates(qi, 6, banned)
+    assert [para_pool.passages[j].id for j in cands] == list(entry["scores"])
+    assert not set(cands) & banned
+    want = sorted(range(6), key=lambda k: (-teacher(None, [para_pool.passages[cands[k]].text])[0], k))
+    assert [p.id for p in sorted(rec.passages, key=lambda p: p.rank)] == \
+        [para_pool.passages[cands[k]].id for k in want]
+    top = para_pool.index.top_k(para_pool.queries[qi]["query"], 6, exclude=sorted(banned))
+    assert cands == top

@@ -2,10 +2,13 @@
 
   python tools/evaluate.py --pools pools/scifact_pool.jsonl [--qrels pools/scifact.qrels] \
       [--corpus corpus.jsonl] [--bi-encoder ST_DIR] [--checkpoint MODEL_OR_WORKDIR] \
-      [--cross-encoder HF_DIR] --out-dir eval/ [--k 10]
+      [--cross-encoder HF_DIR] [--first-stage] --out-dir eval/ [--k 10]
 
 Systems (each a passage ranking per query), printed in this order in one table:
-  bm25           the pool's own `bm25` scores (or BM25 over the pool when absent)
+  first-stage    with --first-stage: the pool's own candidate order (the first-stage
+                 retriever's ranking; for every pool the project builds, BM25 over the whole
+                 corpus: tools/prepare_data.py, build_demo_data.py, build_cs_pools.py)
+  bm25           the pool's own `bm25` scores (or BM25 over the pool alone when absent)
   bi-encoder     a sentence-transformers folder used zero-shot (`--bi-encoder`): mean-pooled,
                  L2-normalised embeddings, cosine (`baselines.BiEncoder`)
   cross-encoder  a sequence-classification head from an HF folder (`--cross-encoder`):
@@ -20,6 +23,12 @@ a passage is relevant iff its `label` is 1.  With `--corpus`, pools may name the
 id (`"ctx_ids"`, as logrerank_jax/demo_data ships them); they are resolved against the corpus and
 the full pools written to --out-dir/pools.jsonl, which every system then reads.  Writes into --out-dir: metrics.json,
 per_query.jsonl (one line per query and system) and run.<system>.trec (TREC run files).
+
+Paired comparison: when the `--paired-against` system (default `log`) was run, metrics.json's
+"paired" holds, for every other system, the per-query nDCG@k differences (the
+`--paired-against` system minus that system) summarised as mean, wins / losses / ties and a 95 % paired bootstrap
+interval of the mean (`scipy.stats.bootstrap`, percentile method, 10,000 resamples of the
+queries, fixed seed: the same interval every run), and the table prints them.
 """
 
 import argparse
@@ -55,6 +64,12 @@ def parse_args(argv=None):
                  help="add a system from a TREC run file (e.g. an earlier run.<system>.trec; scores "
                       "are written exactly, so its figures are those of the run that wrote it)")
   p.add_argument("--out-dir", required=True, help="folder for metrics.json, per_query.jsonl, run.*.trec")
+  p.add_argument("--first-stage", action="store_true",
+                 help="add the system 'first-stage': the pool's own candidate order")
+  p.add_argument("--paired-against", default="log",
+                 help="system whose per-query nDCG@k is compared with every other (default log)")
+  p.add_argument("--bootstrap-resamples", type=int, default=10000,
+                 help="resamples of the paired bootstrap (default 10,000)")
   p.add_argument("--k", type=int, default=10, help="metric cut-off (default 10)")
   p.add_argument("--queries-per-batch", type=int, default=4, help="LoG queries per jitted call")
   p.add_argument("--row-len", type=int, default=None,
@@ -135,6 +150,40 @@ def _cross_encoder_systems(ce, pools, args, queries_per_call: int = 8) -> dict:
   return out
 
 
+BOOTSTRAP_SEED = 13  # fixed: a rerun prints the same intervals
+
+
+def paired_comparison(per_query_a, per_query_b, resamples: int = 10000, seed: int = BOOTSTRAP_SEED,
+                      confidence: float = 0.95) -> dict:
+  """Paired bootstrap of the mean per-query difference a - b (same queries, same order).
+
+  Resamples queries with replacement (`scipy.stats.bootstrap` on the differences, percentile
+  interval); returns {"mean", "low", "high", "wins", "losses", "ties", "queries"}.
+  """
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from scipy import stats  # pylint: disable=g-import-not-at-top
+  diff = np.asarray(per_query_a, np.float64) - np.asarray(per_query_b, np.float64)
+  if diff.ndim != 1 or len(diff) < 2:
+    raise DataError(f"a paired bootstrap needs >= 2 queries, got {diff.shape}")
+  if np.all(diff == diff[0]):  # every resample has the same mean: a degenerate interval
+    low = high = float(diff[0])
+  else:
+    res = stats.bootstrap((diff,), np.mean, n_resamples=resamples, confidence_level=confidence,
+                          method="percentile", vectorized=True,
+                          rng=np.random.default_rng(seed))
+    low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
+  return {"mean": float(diff.mean()), "low": low, "high": high,
+          "wins": int(np.sum(diff > 0)), "losses": int(np.sum(diff < 0)),
+          "ties": int(np.sum(diff == 0)), "queries": int(len(diff))}
+
+
+def _per_query_ndcg(scores: dict, qrels: dict, k: int) -> dict:
+  """{qid: nDCG@k in percent} over the queries of `qrels` with a relevant passage."""
+  run = run_from_scores(scores)
+  return {qid: 100.0 * query_metrics(run.get(qid, []), rel, k)["ndcg"] if run.get(qid) else 0.0
+          for qid, rel in qrels.items() if rel}
+
+
 def _progress(pools, name, args):
   """Iterate pools with a progress bar (stderr) unless --no-progress."""
   if args.no_progress:
@@ -165,8 +214,13 @@ def main(argv=None) -> int:
           f.write(json.dumps(rec, ensure_ascii=False) + "\n")
     pools = read_pools(pools_path)
     qrels = read_qrels(args.qrels) if args.qrels else label_qrels(pools)
-    systems = {"bm25": {qid: dict(zip(ids, baselines.bm25_scores(q, ctxs)))
-                        for qid, q, ctxs, ids, _ in pools}}
+    systems = {}
+    if args.first_stage:
+      # The candidate order itself as scores (first = highest); ties cannot occur.
+      systems["first-stage"] = {qid: {pid: -float(i) for i, pid in enumerate(ids)}
+                                for qid, _, _, ids, _ in pools}
+    systems["bm25"] = {qid: dict(zip(ids, baselines.bm25_scores(q, ctxs)))
+                       for qid, q, ctxs, ids, _ in pools}
     timings = {}
     if args.bi_encoder:
       t0 = time.time()
@@ -196,10 +250,19 @@ def main(argv=None) -> int:
       if not sep or not name or not path:
         raise DataError(f"--run wants NAME=PATH, got {spec!r}")
       systems[name] = {qid: read_trec_run(path).get(qid, {}) for qid, _, _, _, _ in pools}
-    order = ("bm25", "bi-encoder", "cross-encoder", "log-local", "log")
+    order = ("first-stage", "bm25", "bi-encoder", "cross-encoder", "log-local", "log")
     systems = dict(sorted(systems.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order
                                                            else len(order))))
     metrics = {name: rerank_metrics(run_from_scores(s), qrels, k=args.k) for name, s in systems.items()}
+    paired = {}
+    if args.paired_against in systems:
+      ref = _per_query_ndcg(systems[args.paired_against], qrels, args.k)
+      qids = sorted(ref)
+      for name, s in systems.items():
+        if name != args.paired_against:
+          other = _per_query_ndcg(s, qrels, args.k)
+          paired[name] = paired_comparison([ref[q] for q in qids], [other[q] for q in qids],
+                                           args.bootstrap_resamples)
   except (LogRerankError, OSError) as e:
     print(f"evaluate: error: {e}", file=sys.stderr)
     return 1
@@ -209,7 +272,10 @@ def main(argv=None) -> int:
   with open(os.path.join(args.out_dir, "metrics.json"), "w", encoding="utf-8") as f:
     json.dump({"k": k, "num_queries": len(pools),
                "pool_sizes": sorted({len(ctxs) for _, _, ctxs, _, _ in pools}),
-               "metrics": metrics, "seconds": timings}, f, indent=2)
+               "metrics": metrics, "seconds": timings,
+               "paired": {"against": args.paired_against, "metric": f"ndcg@{k}",
+                          "resamples": args.bootstrap_resamples, "seed": BOOTSTRAP_SEED,
+                          "systems": paired}}, f, indent=2)
   with open(os.path.join(args.out_dir, "per_query.jsonl"), "w", encoding="utf-8") as f:
     for name, scores in systems.items():
       run = run_from_scores(scores)
@@ -229,6 +295,12 @@ def main(argv=None) -> int:
   print(f"{'system':<16}" + "".join(f"{c:>12}" for c in cols))
   for name, m in metrics.items():
     print(f"{name:<16}" + "".join(f"{m[c]:>12.2f}" for c in cols))
+  if paired:
+    print(f"{args.paired_against} minus each system, nDCG@{k} per query: mean [95 % paired "
+          f"bootstrap interval] wins/losses/ties")
+    for name, d in paired.items():
+      print(f"  {name:<14}{d['mean']:>+8.2f} [{d['low']:+.2f}, {d['high']:+.2f}] "
+            f"{d['wins']}/{d['losses']}/{d['ties']}")
   extra = "" if stats is None else (f"; LoG XLA compilations {stats['xla_compilations']} over "
                                     f"{stats['forward_calls']} calls")
   print(f"evaluate: {len(pools)} queries, {len(systems)} systems in {time.time() - start:.1f}s{extra}; "

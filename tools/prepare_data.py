@@ -8,6 +8,11 @@ queries' gold contexts; each pool is ordered by BM25 score (see
 `logrerank_jax/data/pools.py` for the exact construction).  Writes OpenScholar-style
 JSONL (`{"id", "input", "answer", "ctxs": [{"id", "title", "text", "label", "bm25"}]}`)
 and a TREC qrels file (`qid 0 passage_id 1`).
+
+`--chunk-sentences K` builds snippet pools instead (`pools.build_chunk_pools`): passages are
+chunks of K sentences of the abstracts, a query's gold is every chunk of its gold abstract,
+`{"id", "input", "ctxs": [{"id", "title": "", "text"}]}` in BM25 order; with `--sample N
+--seed S` for N queries drawn by numpy's PCG64 permutation (the demo's validation pools).
 """
 
 import argparse
@@ -15,9 +20,11 @@ import json
 import os
 import sys
 
+import numpy as np
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from logrerank_jax.data.pools import build_eval_pools  # pylint: disable=g-import-not-at-top
+from logrerank_jax.data.pools import build_chunk_pools, build_eval_pools, expand_pools  # pylint: disable=g-import-not-at-top
 from logrerank_jax.data.scholarqabench import read_scholarqabench  # pylint: disable=g-import-not-at-top
 from logrerank_jax.errors import LogRerankError  # pylint: disable=g-import-not-at-top
 from logrerank_jax.evaluation import write_qrels  # pylint: disable=g-import-not-at-top
@@ -31,6 +38,11 @@ def parse_args(argv=None):
   p.add_argument("--qrels", required=True, help="output TREC qrels file")
   p.add_argument("--pool-size", type=int, default=50, help="candidates per query (default 50)")
   p.add_argument("--limit", type=int, default=None, help="only the first N queries")
+  p.add_argument("--chunk-sentences", type=int, default=0,
+                 help="snippet pools: passages of this many sentences (0: whole abstracts)")
+  p.add_argument("--sample", type=int, default=0,
+                 help="with --chunk-sentences: N queries drawn with --seed (0: all, in file order)")
+  p.add_argument("--seed", type=int, default=13)
   return p.parse_args(argv)
 
 
@@ -39,7 +51,14 @@ def main(argv=None) -> int:
   args = parse_args(argv)
   try:
     records = read_scholarqabench(args.input)
-    pools, qrels = build_eval_pools(records, pool_size=args.pool_size, limit=args.limit)
+    if args.chunk_sentences:
+      idx = list(range(len(records)))
+      if args.sample:
+        idx = np.random.default_rng(args.seed).permutation(len(records))[:args.sample].tolist()
+      pools, qrels, corpus = build_chunk_pools(records, idx, args.chunk_sentences, args.pool_size)
+      pools = expand_pools(pools, corpus)
+    else:
+      pools, qrels = build_eval_pools(records, pool_size=args.pool_size, limit=args.limit)
   except (LogRerankError, OSError) as e:
     print(f"prepare_data: error: {e}", file=sys.stderr)
     return 1
@@ -49,7 +68,7 @@ def main(argv=None) -> int:
       f.write(json.dumps(rec, ensure_ascii=False) + "\n")
   write_qrels(args.qrels, qrels)
   sizes = [len(r["ctxs"]) for r in pools]
-  gold_first = sum(r["ctxs"][0]["label"] == 1 for r in pools)
+  gold_first = sum(r["ctxs"][0]["id"] in qrels[r["id"]] for r in pools)
   print(f"prepare_data: {len(pools)} queries, pool sizes {min(sizes, default=0)}-{max(sizes, default=0)}, "
         f"gold ranked first by BM25 in {gold_first}; wrote {args.output} and {args.qrels}")
   return 0

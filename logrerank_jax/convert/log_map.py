@@ -59,6 +59,9 @@ LOCAL_HEAD_RULES: Tuple[ParamRule, ...] = (
     ParamRule("local_mlp.hidden.bias", "local_mlp/hidden/bias", "identity", ("Hl",)),
     ParamRule("local_mlp.out.weight", "local_mlp/out/kernel", "linear", ("1", "Hl")),
     ParamRule("local_mlp.out.bias", "local_mlp/out/bias", "identity", ("1",)),
+    # Not in the paper: the dense prior's scale (LocalScorerConfig.dense_prior > 0 only).
+    ParamRule("dense_prior_scale", "dense_prior_scale", "identity", ("1",),
+              when="use_dense_prior"),
 )
 
 # GraphReranker. W_rel is stored [T, in, out] on both sides (x @ W_rel[t]), so it is not

@@ -25,6 +25,7 @@ and qrels {qid: {gold passage ids}}.
 from typing import Optional, Sequence
 
 from logrerank_jax.data.bm25 import BM25Index
+from logrerank_jax.data.sentences import split_sentence_texts
 from logrerank_jax.errors import ConfigError
 
 
@@ -100,3 +101,71 @@ def expand_pools(pool_records: Sequence[dict], corpus: Sequence[dict]) -> list[d
             for i in rec["ctx_ids"]]
     out.append({k: v for k, v in rec.items() if k != "ctx_ids"} | {"ctxs": ctxs})
   return out
+
+
+def chunk_passages(text: str, sentences_per_chunk: int) -> list[str]:
+  """Cut a text into consecutive chunks of `sentences_per_chunk` sentences (the last may be
+  shorter; a last chunk of one sentence joins the one before), sentences from
+  `split_sentence_texts`, joined with one space."""
+  sents = split_sentence_texts(text)
+  chunks = [sents[i:i + sentences_per_chunk] for i in range(0, len(sents), sentences_per_chunk)]
+  if len(chunks) > 1 and len(chunks[-1]) == 1 and sentences_per_chunk > 1:
+    tail = chunks.pop()
+    chunks[-1] = chunks[-1] + tail
+  return [" ".join(c) for c in chunks]
+
+
+def build_chunk_pools(records: Sequence[dict], query_indices: Sequence[int],
+                      sentences_per_chunk: int = 3, pool_size: int = 50
+                      ) -> tuple[list[dict], dict[str, set], list[dict]]:
+  """Snippet-sized evaluation pools from a single-paper file (SciFact): passages are chunks of
+  a few sentences of the gold abstracts, as ScholarQA-CS's evidence snippets are excerpts.
+
+  Construction (deterministic): the file's gold abstracts, deduplicated by (title, text) in
+  first-occurrence order, are cut into chunks (`chunk_passages`); chunk j of abstract i has id
+  "c{i}:{j}". A query's gold is every chunk of its gold abstract(s) (weak: the chunks of the
+  paper the claim is about, not the sentences that support it); its negatives are the BM25
+  top chunks (over all chunks, title not indexed: a snippet has none) of other abstracts; the
+  pool is in decreasing BM25 order, ties by corpus position.
+
+  Args:
+    records: `read_scholarqabench` output.
+    query_indices: the queries to build pools for (0-based record indices), in output order.
+    sentences_per_chunk: sentences per chunk.
+    pool_size: passages per pool.
+
+  Returns:
+    (id-only pools {"id", "input", "ctx_ids"}, qrels, corpus [{"id", "title": "", "text"}]).
+  """
+  if sentences_per_chunk < 1 or pool_size < 1:
+    raise ConfigError("sentences_per_chunk and pool_size must be >= 1")
+  abstract_of: dict[tuple[str, str], int] = {}
+  chunks_of: list[list[int]] = []
+  corpus: list[dict] = []
+  gold_of = []
+  for rec in records:
+    gold = []
+    for p in rec["gold"]:
+      key = (p["title"], p["text"])
+      if key not in abstract_of:
+        abstract_of[key] = len(chunks_of)
+        ids = []
+        for j, text in enumerate(chunk_passages(p["text"], sentences_per_chunk)):
+          ids.append(len(corpus))
+          corpus.append({"id": f"c{abstract_of[key]}:{j}", "title": "", "text": text})
+        chunks_of.append(ids)
+      gold += [c for c in chunks_of[abstract_of[key]] if c not in gold]
+    gold_of.append(gold)
+  bm25 = BM25Index([c["text"] for c in corpus])
+  pools, qrels = [], {}
+  for qi in query_indices:
+    rec, gold = records[qi], gold_of[qi]
+    if len(gold) >= pool_size:
+      raise ConfigError(f"query {rec['qid']} has {len(gold)} gold chunks, pool_size={pool_size}")
+    scores = bm25.scores(rec["query"])
+    negatives = bm25.top_k(rec["query"], pool_size - len(gold), exclude=gold)
+    members = sorted(gold + negatives, key=lambda i: (-scores[i], i))
+    pools.append({"id": rec["qid"], "input": rec["query"],
+                  "ctx_ids": [corpus[i]["id"] for i in members]})
+    qrels[rec["qid"]] = {corpus[i]["id"] for i in gold}
+  return pools, qrels, corpus

@@ -215,15 +215,23 @@ class PubMedPool:
     if len(own) >= num_passages:
       return own[:num_passages]
     own_texts = {self.passages[g].text for g in own}
-    exclude = set(own) | (set(banned) - set(own))
+    exclude = set(own) | set(banned)
     want = num_passages - len(own)
-    ev = []
-    if evidence_negatives:
-      ev = self._negatives(qi, min(evidence_negatives, want), exclude | self._not_evidence,
-                           own_texts)
+    if not evidence_negatives:
+      return own + self._negatives(qi, want, exclude, own_texts)  # top_k's BM25 order already
+    ev = self._negatives(qi, min(evidence_negatives, want), exclude | self._not_evidence,
+                         own_texts)
     negs = ev + self._negatives(qi, want - len(ev), exclude | set(ev), own_texts)
+    # Two BM25 lists merged: back into one BM25 order (ties -> lower index, as top_k).
     scores = self.index.scores(self.queries[qi]["query"])
     return own + sorted(negs, key=lambda j: (-float(scores[j]), j))
+
+  def bm25_candidates(self, qi: int, num_passages: int, banned: frozenset = frozenset()
+                      ) -> list[int]:
+    """The BM25 top `num_passages` pool indices for query `qi` outside `banned`, the query's
+    own passages included where BM25 puts them (an unlabelled first-stage pool; ties -> lower
+    index)."""
+    return self.index.top_k(self.queries[qi]["query"], num_passages, exclude=tuple(sorted(banned)))
 
   def _negatives(self, qi: int, want: int, exclude: set, own_texts: set) -> list[int]:
     """The BM25 top `want` pool indices for query `qi` outside `exclude` whose text is not one
@@ -292,6 +300,54 @@ def build_training_record(pool: PubMedPool, qi: int, num_passages: int, stats: A
   # The adapter's output must satisfy the same schema a user's file does.
   records_lib.parse_training_record(rec.to_json(), where=f"{pool.path} query {qi}")
   return rec
+
+
+def build_teacher_records(pool: PubMedPool, query_indices: Sequence[int], num_passages: int,
+                          teacher, banned: frozenset = frozenset(), id_prefix: str = "teacher:"
+                          ) -> tuple[list[records_lib.TrainingRecord], list[dict], AdapterStats]:
+  """Unlabelled training records for distillation, and their teacher scores.
+
+  A query's passages are its BM25 top `num_passages` pool passages outside `banned`
+  (`PubMedPool.bm25_candidates`: no gold is forced in); the teacher scores each passage's text
+  (`teacher(question, texts) -> scores`, e.g. a bi-encoder's cosines); passage ranks follow
+  the teacher (ties -> BM25 order), so the record's rank-1 passage is the teacher's pick, not a
+  gold label (`"labelled": false` in the teacher entry). Sentences, sentence ranks and roles
+  follow the adapter's rules (module docstring). Record ids are `id_prefix` + the adapter's id.
+
+  Returns:
+    (records, teacher entries {"id", "scores": {passage id: score}, "labelled": False}, stats).
+  """
+  stats = AdapterStats()
+  stem = os.path.splitext(os.path.basename(pool.path))[0]
+  recs, entries = [], []
+  for qi in query_indices:
+    if not 0 <= qi < len(pool.queries):
+      raise DataError(f"{pool.path}: query index {qi} out of range [0, {len(pool.queries)})")
+    question = pool.queries[qi]["query"]
+    cands = pool.bm25_candidates(qi, num_passages, banned)
+    scores = [float(x) for x in teacher(question, [pool.passages[j].text for j in cands])]
+    order = sorted(range(len(cands)), key=lambda k: (-scores[k], k))
+    passages = []
+    for prank, k in enumerate(order, start=1):
+      p = pool.passages[cands[k]]
+      pairs = _passage_sentences(p, stats)
+      if not pairs:
+        raise DataError(f"{pool.path}: passage {p.id} (candidate of query {qi}) has no sentences")
+      ranks = _ranks_from_scores(pool.sentence_scores(question, [t for t, _ in pairs]))
+      passages.append(records_lib.TrainingPassage(
+          id=p.id, title=p.title, rank=prank,
+          sentences=tuple(records_lib.TrainingSentence(text=t, rank=r, role=role)
+                          for (t, role), r in zip(pairs, ranks))))
+      stats.passages += 1
+      stats.sentences += len(pairs)
+    stats.queries += 1
+    rec = records_lib.TrainingRecord(id=f"{id_prefix}{stem}:{qi}", question=question,
+                                     passages=tuple(passages))
+    records_lib.parse_training_record(rec.to_json(), where=f"{pool.path} query {qi}")
+    recs.append(rec)
+    entries.append({"id": rec.id, "labelled": False,
+                    "scores": {pool.passages[j].id: s for j, s in zip(cands, scores)}})
+  return recs, entries, stats
 
 
 def _check_has_gold(pool: PubMedPool, qi: int) -> None:

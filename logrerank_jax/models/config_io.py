@@ -42,10 +42,16 @@ def log_config_to_dict(cfg: LoGConfig) -> Dict[str, Any]:
   return {"format_version": FORMAT_VERSION, "log_config": d}
 
 
+# Fields added after models were saved without them, with the value those models were
+# trained with (always the paper's setting): a file lacking one of these loads as before.
+ADDED_LATER = {LocalScorerConfig: {"dense_prior": 0.0}}
+
+
 def _build(cls, data: Dict[str, Any], where: str, nested: Dict[str, Any] = None):
   """Instantiate dataclass `cls` from `data`, naming unknown or missing keys."""
   if not isinstance(data, dict):
     raise ConfigError(f"{where}: expected an object, got {type(data).__name__}")
+  data = {**ADDED_LATER.get(cls, {}), **data}
   names = {f.name for f in dataclasses.fields(cls)}
   unknown = sorted(set(data) - names)
   missing = sorted(names - set(data))

@@ -33,6 +33,14 @@ reads token types: each packed sequence `[CLS] q [SEP] s_1 ... s_m [SEP]` gets 0
 (`pair_token_types`), so the packed batch is the same for every family. ModernBERT has no token
 types and is unchanged. A family with `type_vocab_size` 1 (RoBERTa) gets zeros.
 
+Dense prior (`LocalScorerConfig.dense_prior` > 0; NOT in the paper, off by default): the local
+logit gains w * cos(h_q, h_s), the cosine of the pooled query and sentence states of the joint
+sequence, w a learned scalar initialised to `dense_prior` (param `dense_prior_scale` [1]). An
+encoder that starts as a bi-encoder (all-MiniLM-L6-v2) already ranks by this cosine (zero-shot,
+best sentence per passage: README), and a head MLP on [h_q; h_s; g] cannot represent it; with
+the prior, training starts from it instead of from a random ranking. It reaches the graph
+through z_local, so inference needs nothing new.
+
 Ablations (flags of `LocalScorerConfig`):
   * `use_role_head=False` ("w/o role head"): the role MLP does not exist (no params); r is the
     uniform 1/3 vector in eq 4 AND in the outputs (`role_logits` are zeros). Consequence for the
@@ -53,6 +61,7 @@ from typing import Any, Dict, Mapping, Union
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from logrerank_jax.errors import ConfigError
 from logrerank_jax.schema import NUM_ROLES, SPAN_SENTENCE, TOKEN_KEYS
@@ -118,6 +127,10 @@ class LocalScorerConfig:
   dropout: float = 0.1
   use_role_head: bool = True
   use_intent_head: bool = True
+  # NOT in the paper (default 0 = off, the paper's eq 5): a dense similarity prior in the local
+  # logit, l = MLP_local([h_q; h_s; g]) + w * cos(h_q, h_s), w a learned scalar initialised to
+  # this value (module docstring, "Dense prior").
+  dense_prior: float = 0.0
 
   def __post_init__(self):
     for name in ("intent_hidden", "role_hidden", "g_dim", "local_hidden"):
@@ -125,7 +138,14 @@ class LocalScorerConfig:
         raise ConfigError(f"LocalScorerConfig.{name} must be positive, got {getattr(self, name)}")
     if not 0.0 <= float(self.dropout) < 1.0:
       raise ConfigError(f"LocalScorerConfig.dropout must be in [0, 1), got {self.dropout}")
+    if not np.isfinite(float(self.dense_prior)) or float(self.dense_prior) < 0:
+      raise ConfigError(f"LocalScorerConfig.dense_prior must be >= 0, got {self.dense_prior}")
     encoder_family(self.encoder)  # raises for an unknown encoder config type
+
+  @property
+  def use_dense_prior(self) -> bool:
+    """Whether the local logit has the dense similarity prior (and its scale param)."""
+    return float(self.dense_prior) != 0.0
 
   @property
   def encoder_family(self) -> str:
@@ -254,6 +274,14 @@ class LocalScorer(nn.Module):
         intent_probs * role_probs)  # [S, g_dim]
     x = jnp.concatenate([h_q, h_s, g], axis=-1)  # [S, 2d + g_dim]
     logit = _Mlp(cfg.local_hidden, 1, cfg.dropout, name="local_mlp")(x, deterministic)[:, 0]  # [S]
+    if cfg.use_dense_prior:
+      scale = self.param("dense_prior_scale",
+                         lambda _, shape: jnp.full(shape, cfg.dense_prior, jnp.float32), (1,))
+      # Norms from clamped squared sums: padding spans hold zero vectors, and the gradient of
+      # jnp.linalg.norm at 0 is NaN (0 * NaN survives a jnp.maximum).
+      norm = lambda x: jnp.sqrt(jnp.maximum(jnp.sum(x * x, -1), 1e-12))  # noqa: E731
+      cos = jnp.sum(h_q * h_s, -1) / (norm(h_q) * norm(h_s))
+      logit = logit + scale[0] * cos  # [S]
 
     m = is_sent.astype(jnp.float32)
     out = {

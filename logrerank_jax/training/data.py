@@ -13,13 +13,18 @@ the demo and for datasets of tens of thousands of queries.
 """
 
 import dataclasses
+import json
+import math
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from logrerank_jax.data.inference_input import parse_inference_record
 from logrerank_jax.data.packing import PackingConfig, QueryInput, pack_for_model
+from logrerank_jax.data.pools import expand_pools
 from logrerank_jax.data.records import TrainingRecord
-from logrerank_jax.errors import ConfigError
+from logrerank_jax.errors import ConfigError, DataError
+from logrerank_jax.evaluation import read_qrels
 from logrerank_jax.schema import MODEL_KEYS, NUM_ROLES, TOKEN_KEYS
 
 
@@ -33,6 +38,8 @@ class Unit:
   sentence_rank: tuple          # [P][M] gold sentence ranks
   role: tuple                   # [P][M][3] role targets
   passage_titles: tuple = ()    # [P] passage titles (the passage cross-encoder reads them)
+  teacher: tuple = ()           # [P] teacher scores of the passages (distillation), or ()
+  gold: bool = True             # the passage ranks are gold labels (False: teacher-ranked only)
 
 
 def _unit(rec: TrainingRecord, passages) -> Unit:
@@ -56,12 +63,20 @@ def query_units(records: Sequence[TrainingRecord]) -> List[Unit]:
   return [_unit(r, list(r.passages)) for r in records]
 
 
+# Per-node distillation labels (not in the paper): the teacher score of the node's passage,
+# whether it has one, and whether the node's query has gold passage labels.
+TEACHER_KEYS = ("passage_teacher", "has_teacher", "gold_labels")
+
+
 def _labels(units: Sequence[Unit], node_passage: np.ndarray, node_sentence: np.ndarray):
   """Gather each node's labels from its (passage, sentence) indices; padding gets 0."""
   q, n = node_passage.shape
   sentence_rank = np.zeros((q, n), np.int32)
   passage_rank = np.zeros((q, n), np.int32)
   role_target = np.zeros((q, n, NUM_ROLES), np.float32)
+  teacher = np.zeros((q, n), np.float32)
+  has_teacher = np.zeros((q, n), bool)
+  gold = np.zeros((q, n), bool)
   for qi, u in enumerate(units):
     for ni in range(n):
       p, s = int(node_passage[qi, ni]), int(node_sentence[qi, ni])
@@ -70,7 +85,106 @@ def _labels(units: Sequence[Unit], node_passage: np.ndarray, node_sentence: np.n
       sentence_rank[qi, ni] = u.sentence_rank[p][s]
       passage_rank[qi, ni] = u.passage_rank[p]
       role_target[qi, ni] = u.role[p][s]
-  return {"sentence_rank": sentence_rank, "passage_rank": passage_rank, "role_target": role_target}
+      if u.teacher:
+        teacher[qi, ni], has_teacher[qi, ni] = u.teacher[p], True
+      gold[qi, ni] = u.gold
+  return {"sentence_rank": sentence_rank, "passage_rank": passage_rank, "role_target": role_target,
+          "passage_teacher": teacher, "has_teacher": has_teacher, "gold_labels": gold}
+
+
+def read_teacher_file(path: str) -> Dict[str, Dict[str, Any]]:
+  """Read teacher scores for distillation: JSONL `{"id": qid, "scores": {passage id: float},
+  "labelled": bool}` (`labelled` False: the record's passage ranks only follow the teacher, so
+  they are no gold labels; default True). Returns {qid: {"scores", "labelled"}}.
+
+  Raises:
+    DataError: a malformed line (named by line number), a repeated id or a non-finite score.
+  """
+  out: Dict[str, Dict[str, Any]] = {}
+  with open(path, encoding="utf-8") as f:
+    for lineno, line in enumerate(f, start=1):
+      if not line.strip():
+        continue
+      where = f"{path}:{lineno}"
+      try:
+        rec = json.loads(line)
+      except ValueError as e:
+        raise DataError(f"{where}: invalid JSON ({e})") from None
+      if not isinstance(rec, dict):
+        rec = {}
+      qid, scores = rec.get("id"), rec.get("scores")
+      if not isinstance(qid, str) or not isinstance(scores, dict) or not scores:
+        raise DataError(f"{where}: expected {{\"id\": str, \"scores\": {{passage id: float}}}}")
+      if qid in out:
+        raise DataError(f"{where}: query id {qid!r} repeats")
+      bad = [k for k, v in scores.items() if isinstance(v, bool) or not isinstance(v, (int, float))
+             or not math.isfinite(v)]
+      if bad:
+        raise DataError(f"{where}: scores of {bad[:3]} are not finite numbers")
+      labelled = rec.get("labelled", True)
+      if not isinstance(labelled, bool):
+        raise DataError(f"{where}: 'labelled' must be true or false")
+      out[qid] = {"scores": {str(k): float(v) for k, v in scores.items()}, "labelled": labelled}
+  return out
+
+
+def attach_teacher(units: Sequence[Unit], teacher: Dict[str, Dict[str, Any]]) -> List[Unit]:
+  """Units with their teacher scores and gold flag from `read_teacher_file` output.
+
+  A unit whose query is in `teacher` must have a score for each of its passages.
+
+  Raises:
+    DataError: a passage of such a query has no teacher score (names the query and passage).
+  """
+  out = []
+  for u in units:
+    t = teacher.get(u.qid)
+    if t is None:
+      out.append(u)
+      continue
+    missing = [p for p in u.passage_ids if p not in t["scores"]]
+    if missing:
+      raise DataError(f"teacher scores of query {u.qid!r} lack passage {missing[0]!r}")
+    out.append(dataclasses.replace(u, teacher=tuple(t["scores"][p] for p in u.passage_ids),
+                                   gold=t["labelled"]))
+  return out
+
+
+def pool_units(pools_path: str, qrels_path: str, corpus_path: str = ""
+               ) -> tuple[List[Unit], Dict[str, set]]:
+  """Validation units from an evaluation pool file (what `tools/evaluate.py` reads) and qrels.
+
+  Each pool becomes one query unit: its passages split into sentences as inference splits them
+  (`parse_inference_record`), titles kept for the passage cross-encoder. Id-only pools
+  (`ctx_ids`) are resolved against `corpus_path`. The passage ranks are placeholders (1..P in
+  pool order): only the qrels say what is relevant.
+
+  Raises:
+    DataError: a pool without usable text for some passage, or a pool without qrels.
+  """
+  with open(pools_path, encoding="utf-8") as f:
+    pools = [json.loads(line) for line in f if line.strip()]
+  if corpus_path:
+    with open(corpus_path, encoding="utf-8") as f:
+      pools = expand_pools(pools, [json.loads(line) for line in f if line.strip()])
+  qrels = read_qrels(qrels_path)
+  units = []
+  for i, raw in enumerate(pools):
+    rec = parse_inference_record(raw, f"{pools_path}:{i + 1}")
+    if rec.skipped:
+      raise DataError(f"{pools_path}:{i + 1}: passage {rec.skipped[0][0]}: {rec.skipped[0][1]}")
+    qid = rec.record_id or str(i)
+    if not qrels.get(qid):
+      raise DataError(f"{pools_path}:{i + 1}: query {qid!r} has no relevant passage in {qrels_path}")
+    ids = tuple(p.passage_id or str(j) for j, p in enumerate(rec.passages))
+    units.append(Unit(
+        qid=qid, query=QueryInput(rec.query, rec.sentence_texts), passage_ids=ids,
+        passage_rank=tuple(range(1, len(ids) + 1)),
+        sentence_rank=tuple(tuple(range(1, len(p.sentences) + 1)) for p in rec.passages),
+        role=tuple(tuple((1.0 / NUM_ROLES,) * NUM_ROLES for _ in p.sentences)
+                   for p in rec.passages),
+        passage_titles=tuple(p.title for p in rec.passages)))
+  return units, {u.qid: set(qrels[u.qid]) for u in units}
 
 
 def pack_units(units: Sequence[Unit], tokenizer, packing_cfg: PackingConfig,
@@ -157,6 +271,8 @@ def pad_batch(batch: Dict[str, np.ndarray], shape: tuple) -> Dict[str, np.ndarra
   for k in ("sentence_rank", "passage_rank"):
     out[k] = np.pad(batch[k], ((0, q - q0), (0, n - n0)))
   out["role_target"] = np.pad(batch["role_target"], ((0, q - q0), (0, n - n0), (0, 0)))
+  for k in TEACHER_KEYS:
+    out[k] = np.pad(batch[k], ((0, q - q0), (0, n - n0)))
   out["real_tokens"] = batch["real_tokens"]
   return out
 
@@ -195,5 +311,6 @@ def empty_batch(shape: tuple, d_feature: Optional[int] = None) -> Dict[str, np.n
              span_node=np.full((s,), -1, np.int32), node_passage=np.full((q, n), -1, np.int32),
              node_mask=np.zeros((q, n), bool), sentence_rank=np.zeros((q, n), np.int32),
              passage_rank=np.zeros((q, n), np.int32), role_target=np.zeros((q, n, NUM_ROLES), np.float32),
-             real_tokens=np.asarray(0, np.int64))
+             passage_teacher=np.zeros((q, n), np.float32), has_teacher=np.zeros((q, n), bool),
+             gold_labels=np.zeros((q, n), bool), real_tokens=np.asarray(0, np.int64))
   return out

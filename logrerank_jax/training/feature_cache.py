@@ -87,18 +87,36 @@ def load_or_compute_features(path: str, fingerprint: str,
   return items, False
 
 
+def with_unit_labels(item: Dict[str, np.ndarray], unit) -> Dict[str, np.ndarray]:
+  """A query's cached features plus its distillation labels (`data.TEACHER_KEYS`) per node,
+  from its unit: the teacher score of each node's passage, and whether it has gold labels."""
+  m = len(item["local_score"])
+  teacher = (np.asarray(unit.teacher, np.float32)[item["node_passage"]] if unit.teacher
+             else np.zeros((m,), np.float32))
+  return dict(item, passage_teacher=teacher, has_teacher=np.full((m,), bool(unit.teacher)),
+              gold_labels=np.full((m,), bool(unit.gold)))
+
+
 def feature_batch(items: Sequence[Dict[str, np.ndarray]], q: int, n: int) -> Dict[str, np.ndarray]:
-  """Assemble cached query features into one [q, n] share (padding slots inert)."""
+  """Assemble cached query features into one [q, n] share (padding slots inert).
+
+  Items without distillation labels (`with_unit_labels`) get none: no teacher, gold labels.
+  """
   d = items[0]["h"].shape[-1] if items else 1
   out = {"h": np.zeros((q, n, d), np.float32),
          "role_probs": np.zeros((q, n, NUM_ROLES), np.float32),
          "local_score": np.zeros((q, n), np.float32),
          "node_passage": np.full((q, n), -1, np.int32), "node_mask": np.zeros((q, n), bool),
-         "sentence_rank": np.zeros((q, n), np.int32), "passage_rank": np.zeros((q, n), np.int32)}
+         "sentence_rank": np.zeros((q, n), np.int32), "passage_rank": np.zeros((q, n), np.int32),
+         "passage_teacher": np.zeros((q, n), np.float32), "has_teacher": np.zeros((q, n), bool),
+         "gold_labels": np.zeros((q, n), bool)}
   for qi, it in enumerate(items):
     m = len(it["local_score"])
-    for k in ("h", "role_probs", "local_score", "node_passage", "sentence_rank", "passage_rank"):
-      out[k][qi, :m] = it[k]
+    for k in ("h", "role_probs", "local_score", "node_passage", "sentence_rank", "passage_rank",
+              "passage_teacher", "has_teacher"):
+      if k in it:
+        out[k][qi, :m] = it[k]
+    out["gold_labels"][qi, :m] = it["gold_labels"] if "gold_labels" in it else True
     out["node_mask"][qi, :m] = True
   return out
 

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from logrerank_jax import losses
-from logrerank_jax.data.packing import PackingConfig
+from logrerank_jax.data.packing import PackingConfig, grown_buckets
 from logrerank_jax.data.tokenization import load_tokenizer, train_wordpiece_tokenizer
 from logrerank_jax.errors import ConfigError
 from logrerank_jax.evaluation import rerank_metrics
@@ -57,7 +57,8 @@ def build_model_config(config, vocab_size: int) -> lr.LoGConfig:
   if dtype is None:
     raise ConfigError(f"config.dtype must be 'float32' or 'bfloat16', got {config.dtype!r}")
   encoder = cfg.local.encoder.replace(dtype=dtype)
-  local = dataclasses.replace(cfg.local, encoder=encoder, dropout=config.dropout)
+  local = dataclasses.replace(cfg.local, encoder=encoder, dropout=config.dropout,
+                              dense_prior=float(config.get("dense_prior", 0.0)))
   gat = dataclasses.replace(cfg.graph_reranker, dropout=config.dropout, dtype=dtype)
   graph = dataclasses.replace(cfg.graph, k=config.graph_k, tau_sim=config.tau_sim,
                               delta=config.delta)
@@ -81,6 +82,13 @@ def packing_config(config, cfg: lr.LoGConfig) -> PackingConfig:
   """Return the packer settings of a training config, checked against the model's encoder."""
   check_row_fits(config, cfg.local.encoder)
   return PackingConfig(row_len=config.max_seq_len, max_query_tokens=config.max_query_tokens)
+
+
+def forward_packing(pack_cfg: PackingConfig) -> PackingConfig:
+  """Packer settings for forward-only passes over whole queries (validation, the feature
+  cache): row buckets grown to 1,024 rows, so that `cache_batch_queries` queries of 50
+  passages fit one call (the training buckets stop at 128 rows)."""
+  return dataclasses.replace(pack_cfg, row_buckets=grown_buckets(pack_cfg.row_buckets, 1024))
 
 
 def with_hf_encoder(cfg: lr.LoGConfig, path: str) -> lr.LoGConfig:
@@ -123,18 +131,49 @@ def training_tokenizer(config, workdir: str, records):
 
 # ----------------------------------------------------------------------------- evaluation
 
-def passage_metrics(units, node_scores: List[np.ndarray], k: int = 10) -> Dict[str, float]:
+def unit_qrels(units) -> Dict[str, set]:
+  """{qid: relevant passage ids} of training-record units: each query's rank-1 passage."""
+  return {u.qid: {u.passage_ids[p] for p in range(len(u.passage_ids)) if u.passage_rank[p] == 1}
+          for u in units}
+
+
+def passage_metrics(units, node_scores: List[np.ndarray], qrels: Optional[Dict[str, set]] = None,
+                    k: int = 10) -> Dict[str, float]:
   """Metrics of the passage ranking induced by sentence scores (`ranking.passage_scores`).
 
-  The relevant passage of a query is its rank-1 passage in the training record.
+  The relevant passages are `qrels[qid]` (validation pools), by default each query's rank-1
+  passage in the training record (`unit_qrels`).
   """
-  run, qrels = {}, {}
+  run = {}
   for u, scores in zip(units, node_scores):
     node_passage = [p for p, sentences in enumerate(u.query.passages) for _ in sentences]
     best = passage_scores(node_passage, scores, len(u.passage_ids))
     run[u.qid] = [u.passage_ids[p] for p in passage_order(best)]
-    qrels[u.qid] = {u.passage_ids[p] for p in range(len(u.passage_ids)) if u.passage_rank[p] == 1}
-  return rerank_metrics(run, qrels, k=k)
+  return rerank_metrics(run, unit_qrels(units) if qrels is None else qrels, k=k)
+
+
+def _slot_scores(logit, batch, per: int):
+  """Whole-query micro-batches (one passage per slot, a query's `per` slots consecutive):
+  [q, per] best sentence logit, teacher score, has-teacher and valid masks, and [q] gold flags."""
+  mask = batch["node_mask"]                                                  # [Q, N]
+  best = jnp.max(jnp.where(mask, logit, -1e9), axis=-1)                     # [Q]
+  valid = jnp.any(mask, axis=-1)
+  gold = jnp.any(mask & (batch["passage_rank"] == 1), axis=-1)
+  with_t = mask & batch["has_teacher"]
+  teacher = jnp.max(jnp.where(with_t, batch["passage_teacher"], -1e9), axis=-1)
+  has_t = jnp.any(with_t, axis=-1)
+  labelled = jnp.any(mask & batch["gold_labels"], axis=-1)
+  q = best.shape[0] // per
+  best, valid, gold, teacher, has_t, labelled = (
+      x[:q * per].reshape(q, per) for x in (best, valid, gold, teacher, has_t, labelled))
+  return best, valid, gold, teacher, has_t, jnp.any(labelled, axis=-1)
+
+
+def _distill_term(scores, teacher, has_teacher, temperature: float):
+  """Listwise KL of each query's student scores [q, C] against its teacher scores (not in the
+  paper; README); returns (sum over queries, queries)."""
+  per_row, has = losses.listwise_kl_per_row(scores, teacher, has_teacher, temperature)
+  return jnp.sum(per_row), jnp.sum(has).astype(jnp.float32)
 
 
 def _device(batch) -> Dict[str, jax.Array]:
@@ -161,6 +200,24 @@ class StreamedBatches(collections.abc.Sequence):
     if not -self._num <= i < self._num:
       raise IndexError(f"micro-batch {i} of {self._num}")
     return self._make(int(i) % self._num)
+
+
+def distill_settings(config) -> Tuple[float, float]:
+  """(weight, temperature) of the distillation term, checked; weight 0 = off."""
+  weight = float(config.get("distill_weight", 0.0))
+  temperature = float(config.get("distill_temperature", 1.0))
+  if weight < 0 or not temperature > 0:
+    raise ConfigError(f"need distill_weight >= 0 and distill_temperature > 0, got {weight}, "
+                      f"{temperature}")
+  if weight and not config.get("teacher_file", ""):
+    raise ConfigError("distill_weight > 0 needs --config.teacher_file (scores of a teacher)")
+  return weight, temperature
+
+
+def _with_teacher(units, config):
+  """`units` with the teacher scores of `config.teacher_file` attached (unchanged without one)."""
+  path = config.get("teacher_file", "")
+  return data_lib.attach_teacher(units, data_lib.read_teacher_file(path)) if path else units
 
 
 def pack_token_batches(units, groups, shares_of: Callable, tokenizer, pack_cfg: PackingConfig,
@@ -207,19 +264,13 @@ def pack_token_batches(units, groups, shares_of: Callable, tokenizer, pack_cfg: 
   return StreamedBatches(len(groups), make)
 
 
-def _cross_passage_term(local_logit, batch, per: int):
-  """Listwise softmax over each query's passages of their best local sentence logit, against
-  the rank-1 passage (`local_passage_weight`; not in the paper, whose local loss ranks
-  sentences within a passage only). Slots hold one passage each, a query's `per` passages
-  consecutive (`LocalStage.micro_batch_groups`); returns (sum over queries, queries)."""
-  mask = batch["node_mask"]                                                  # [Q, N]
-  best = jnp.max(jnp.where(mask, local_logit, -1e9), axis=-1)               # [Q]
-  valid = jnp.any(mask, axis=-1)
-  gold = jnp.any(mask & (batch["passage_rank"] == 1), axis=-1)
-  q = best.shape[0] // per
-  best, valid, gold = (x[:q * per].reshape(q, per) for x in (best, valid, gold))
+def _cross_passage_term(best, valid, gold, labelled):
+  """Listwise softmax over each query's passages of their best local sentence logit [q, per],
+  against the rank-1 passage (`local_passage_weight`; not in the paper, whose local loss ranks
+  sentences within a passage only), for the queries with gold labels (`labelled` [q]); returns
+  (sum over queries, queries)."""
   logp = jax.nn.log_softmax(jnp.where(valid, best, -1e9), axis=-1)
-  has = jnp.any(gold & valid, axis=-1)
+  has = jnp.any(gold & valid, axis=-1) & labelled
   per_query = -jnp.sum(jnp.where(gold & valid, logp, 0.0), axis=-1)
   return jnp.sum(jnp.where(has, per_query, 0.0)), jnp.sum(has).astype(jnp.float32)
 
@@ -242,27 +293,41 @@ class LocalStage:
             f"{cfg.local.encoder.vocab_size}; use that folder's tokenizer")
     self.cfg = cfg
     self.pack_cfg = packing_config(config, cfg)
-    self.units = data_lib.local_units(records)
+    self.shape_buckets = bool(config.get("shape_buckets", True))
+    self.units = _with_teacher(data_lib.local_units(records), config)
+    self.distill_weight, self.distill_temperature = distill_settings(config)
     self.cache_info: Dict[str, Any] = {}
 
-  def micro_batch_groups(self, size: int, seed: int):
-    """Shuffled micro-batches of `size` units; with `local_passage_weight` > 0, whole queries.
+  num_shards = 1  # set by the loop before `micro_batches`
 
-    The cross-passage term needs every passage of a query in one device share, so each
-    micro-batch is then the passages of `size // P` queries (P passages each), query order
-    shuffled with `seed`; one device only.
+  def _whole_queries(self) -> bool:
+    """Whether the loss has a cross-passage term (gold or distillation): whole queries then."""
+    return bool(self.config.get("local_passage_weight", 0.0)) or bool(self.distill_weight)
+
+  def micro_batch_groups(self, size: int, seed: int):
+    """Shuffled micro-batches of `size` units; with a cross-passage term, whole queries.
+
+    The cross-passage terms (`local_passage_weight`, `distill_weight`) need every passage of
+    a query in one device share, so each micro-batch is then the passages of `size // P`
+    queries (P passages each, the same P for every query), query order shuffled with `seed`;
+    one device only.
     """
-    if not self.config.get("local_passage_weight", 0.0):
+    if not self._whole_queries():
       return data_lib.group_micro_batches(len(self.units), size, seed)
     if self.num_shards != 1:
-      raise ConfigError("local_passage_weight > 0 needs one data-parallel device")
+      raise ConfigError("local_passage_weight or distill_weight > 0 needs one data-parallel device")
     by_query: Dict[str, List[int]] = {}
     for i, u in enumerate(self.units):
       by_query.setdefault(u.qid, []).append(i)
     queries = list(by_query.values())
     per = max(len(q) for q in queries)
+    short = next((qid for qid, q in by_query.items() if len(q) != per), None)
+    if short is not None:
+      # A query's slots must line up with the [q, per] view of the cross-passage terms.
+      raise ConfigError(f"a cross-passage term needs the same number of passages in every "
+                        f"training query: {short!r} has {len(by_query[short])}, others {per}")
     if size < per:
-      raise ConfigError(f"local_passage_weight > 0 needs micro_batch_size >= {per} (the passages "
+      raise ConfigError(f"a cross-passage term needs micro_batch_size >= {per} (the passages "
                         f"of one query), got {size}")
     order = np.random.RandomState(seed).permutation(len(queries))
     step = size // per
@@ -272,8 +337,7 @@ class LocalStage:
   def micro_batches(self, groups, shares_of):
     """[micro-batch][device share] packed token batches."""
     return pack_token_batches(self.units, groups, shares_of, self.tokenizer, self.pack_cfg,
-                              self.cfg.contextual_encoding,
-                              bool(self.config.get("shape_buckets", True)))
+                              self.cfg.contextual_encoding, self.shape_buckets)
 
   def init_params(self, example, rng):
     """{"local": ...}: random heads, and the encoder of `init_checkpoint` when one is given."""
@@ -298,8 +362,13 @@ class LocalStage:
                                        tau=cfg.tau)
       role = losses.role_kl_loss(nodes["role_logits"], batch["role_target"], mask)
       terms = {"rank": (rank * passages, passages), "role": (role * sentences, sentences)}
-      if passage_weight:
-        terms["passage"] = _cross_passage_term(nodes["local_logit"], batch, slots_per_query)
+      if passage_weight or self.distill_weight:
+        best, valid, gold, teacher, has_t, labelled = _slot_scores(nodes["local_logit"], batch,
+                                                                   slots_per_query)
+        if passage_weight:
+          terms["passage"] = _cross_passage_term(best, valid, gold, labelled)
+        if self.distill_weight:
+          terms["distill"] = _distill_term(best, teacher, has_t, self.distill_temperature)
       return terms
 
     passage_weight = float(self.config.get("local_passage_weight", 0.0))
@@ -307,6 +376,8 @@ class LocalStage:
     coefs = {"rank": 1.0, "role": cfg.role_loss_weight}
     if passage_weight:
       coefs["passage"] = passage_weight
+    if self.distill_weight:
+      coefs["distill"] = self.distill_weight
     return loss_fn, coefs
 
   def _per_query(self) -> int:
@@ -315,21 +386,30 @@ class LocalStage:
       counts[u.qid] = counts.get(u.qid, 0) + 1
     return max(counts.values())
 
-  def make_eval(self, val_units) -> Callable[[Any], Dict[str, float]]:
-    """params -> passage metrics on the validation queries, from local scores."""
+  def make_eval(self, val_units, qrels=None) -> Callable[[Any], Dict[str, float]]:
+    """params -> passage metrics on the validation queries, from local scores.
+
+    The validation queries are packed once, each group padded to its row bucket's shape (one
+    compile per bucket, reused by every evaluation), not packed anew at every evaluation.
+    """
     if not val_units:
       return lambda params: {}
     cfg, group_size = self.cfg, self.config.cache_batch_queries
     run = jax.jit(lambda p, b: fc.local_features(cfg, p, b)["local_logit"])
+    groups = fc.query_groups(len(val_units), group_size)
+    packed = [data_lib.pack_units([val_units[i] for i in g], self.tokenizer,
+                                  forward_packing(self.pack_cfg), cfg.contextual_encoding)
+              for g in groups]
+    shapes = data_lib.bucketed_shapes([data_lib.batch_shape(b) for b in packed],
+                                      data_lib.rows_bucket)
+    batches = [data_lib.pad_batch(b, shape) for b, shape in zip(packed, shapes)]
 
     def evaluate(params):
       scores = []
-      for group in fc.query_groups(len(val_units), group_size):
-        share = [val_units[i] for i in group]
-        b = data_lib.pack_units(share, self.tokenizer, self.pack_cfg, cfg.contextual_encoding)
+      for group, b in zip(groups, batches):
         out = np.asarray(run(params["local"], _device(b)))
-        scores += [out[qi][b["node_mask"][qi]] for qi in range(len(share))]
-      return passage_metrics(val_units, scores)
+        scores += [out[qi][b["node_mask"][qi]] for qi in range(len(group))]
+      return passage_metrics(val_units, scores, qrels)
     return evaluate
 
   def export_params(self, params):
@@ -366,7 +446,10 @@ class GlobalStage:
     self.workdir = workdir
     self.frozen_local = jax.tree_util.tree_map(jnp.asarray, local_params["local"])
     self.pack_cfg = packing_config(config, self.cfg)
-    self.units = data_lib.query_units(records)
+    self.shape_buckets = bool(config.get("shape_buckets", True))
+    self.units = _with_teacher(data_lib.query_units(records), config)
+    self.num_p = max(len(u.passage_ids) for u in self.units)
+    self.distill_weight, self.distill_temperature = distill_settings(config)
     self.cache_info: Dict[str, Any] = {}
     self.fp_base: Optional[str] = None  # identifies the frozen model's cached features
     if config.use_feature_cache:
@@ -374,28 +457,33 @@ class GlobalStage:
                                  "max_seq_len": config.max_seq_len,
                                  "max_query_tokens": config.max_query_tokens})
 
-  def _features(self, units, data_file: str, split: str):
-    """Cached (or, without the cache, freshly computed) frozen-local features of `units`."""
+  def _features(self, units, data_file: str, split: str, extra_file: str = ""):
+    """Cached (or, without the cache, freshly computed) frozen-local features of `units`
+    (`extra_file`: a second file the units are read from, e.g. the corpus of id-only pools)."""
     compute = lambda: fc.compute_features(self.cfg, self.frozen_local, units, self.tokenizer,  # noqa: E731
-                                          self.pack_cfg, self.config.cache_batch_queries)
+                                          forward_packing(self.pack_cfg),
+                                          self.config.cache_batch_queries)
     if self.fp_base is None:
       return compute(), False
     cache_dir = os.path.join(self.workdir, "feature_cache")
     os.makedirs(cache_dir, exist_ok=True)
+    base = self.fp_base + (fc.file_digest(extra_file) if extra_file else "")
     return fc.load_or_compute_features(
         os.path.join(cache_dir, f"{split}-p{jax.process_index()}.npz"),
-        fc.cache_fingerprint(self.fp_base, data_file), compute)
+        fc.cache_fingerprint(base, data_file), compute)
 
   def micro_batches(self, groups, shares_of):
     """[micro-batch][device share]: cached node features, or token batches without the cache."""
     if self.fp_base is None:
       return pack_token_batches(self.units, groups, shares_of, self.tokenizer, self.pack_cfg,
-                                self.cfg.contextual_encoding,
-                                bool(self.config.get("shape_buckets", True)))
+                                self.cfg.contextual_encoding, self.shape_buckets)
     import time  # pylint: disable=g-import-not-at-top
     t0 = time.time()
     feats, hit = self._features(self.units, self.config.train_file, "train")
     self.cache_info = {"train_cache_hit": hit, "cache_seconds": time.time() - t0}
+    # Distillation labels come from the units, not the cache: a new teacher file needs no
+    # new features.
+    feats = [fc.with_unit_labels(f, u) for f, u in zip(feats, self.units)]
     n_max = max(len(f["local_score"]) for f in feats)
     batches = []
     for g in groups:
@@ -437,19 +525,36 @@ class GlobalStage:
       per_query, has_pair = losses.pairwise_query_losses(
           logits, batch["passage_rank"], batch["sentence_rank"], batch["node_passage"],
           batch["node_mask"], max_better_rank=max_better_rank)
+      # Teacher-ranked queries (no gold labels) have no pairs to learn from.
+      has_pair = has_pair & jnp.any(batch["node_mask"] & batch["gold_labels"], axis=-1)
       count = jnp.sum(has_pair).astype(jnp.float32)
-      return {"pairwise": (jnp.sum(jnp.where(has_pair, per_query, 0.0)), count)}
+      terms = {"pairwise": (jnp.sum(jnp.where(has_pair, per_query, 0.0)), count)}
+      if self.distill_weight:
+        # Passage scores as LoG ranks passages: each passage's best sentence.
+        mask = batch["node_mask"]
+        onehot = (batch["node_passage"][..., None] == jnp.arange(self.num_p)) & mask[..., None]
+        best = jnp.max(jnp.where(onehot, logits[..., None], -1e9), axis=1)             # [Q, P]
+        with_t = onehot & batch["has_teacher"][..., None]
+        teacher = jnp.max(jnp.where(with_t, batch["passage_teacher"][..., None], -1e9), axis=1)
+        terms["distill"] = _distill_term(best, teacher, jnp.any(with_t, axis=1),
+                                         self.distill_temperature)
+      return terms
 
     max_better_rank = int(self.config.get("pairwise_max_better_rank", 0))
     if max_better_rank < 0:
       raise ConfigError(f"pairwise_max_better_rank must be >= 0, got {max_better_rank}")
-    return loss_fn, {"pairwise": 1.0}
+    coefs = {"pairwise": 1.0}
+    if self.distill_weight:
+      coefs["distill"] = self.distill_weight
+    return loss_fn, coefs
 
-  def make_eval(self, val_units) -> Callable[[Any], Dict[str, float]]:
+  def make_eval(self, val_units, qrels=None) -> Callable[[Any], Dict[str, float]]:
     """params -> passage metrics on the validation queries, from global scores."""
     if not val_units:
       return lambda params: {}
-    feats, _ = self._features(val_units, self.config.val_file, "val")
+    pools = self.config.get("val_pools", "")
+    feats, _ = self._features(val_units, pools or self.config.val_file, "val",
+                              self.config.get("val_corpus", "") if pools else "")
     n_max = max(len(f["local_score"]) for f in feats)
     group_size = self.config.cache_batch_queries
     run = jax.jit(lambda p, b: self._global_logits(p, b, True))
@@ -460,7 +565,7 @@ class GlobalStage:
         b = fc.feature_batch([feats[i] for i in group], group_size, n_max)
         out = np.asarray(run(params["global"], {k: jnp.asarray(v) for k, v in b.items()}))
         scores += [out[qi][:len(feats[i]["local_score"])] for qi, i in enumerate(group)]
-      return passage_metrics(val_units, scores)
+      return passage_metrics(val_units, scores, qrels)
     return evaluate
 
   def export_params(self, params):
@@ -492,44 +597,60 @@ class PassageStage:
       raise ConfigError("the passage stage supports BERT-family checkpoints only")
     check_row_fits(config, enc)
     self.cfg = enc.replace(num_labels=1)
-    self.units = data_lib.query_units(records)
+    self.shape_buckets = bool(config.get("shape_buckets", True))
+    self.units = _with_teacher(data_lib.query_units(records), config)
+    self.distill_weight, self.distill_temperature = distill_settings(config)
     self.cache_info: Dict[str, Any] = {}
     self.num_p = max(len(u.passage_ids) for u in self.units)
 
-  def _pack(self, units, num_q: int, length: int = 0):
-    """[Q, P, L] ids / mask / types, [Q, P] valid and gold masks for up to `num_q` units."""
+  def _encode(self, units):
+    """Tokenised (question, "title text") pairs of every passage of `units`, in order."""
     pairs = [(u.query.query, _passage_text(u, p)) for u in units for p in range(len(u.passage_ids))]
-    enc = self.tokenizer([q for q, _ in pairs], [t for _, t in pairs], truncation="longest_first",
-                         max_length=self.config.max_seq_len) if pairs else {"input_ids": []}
+    return self.tokenizer([q for q, _ in pairs], [t for _, t in pairs], truncation="longest_first",
+                          max_length=self.config.max_seq_len) if pairs else {"input_ids": []}
+
+  def _pack(self, units, num_q: int, length: int = 0, num_p: int = 0):
+    """[Q, P, L] ids / mask / types, [Q, P] valid, gold and teacher arrays, [Q] gold-label
+    flags, for up to `num_q` units (P: `num_p`, default the training queries' most passages)."""
+    enc = self._encode(units)
     length = length or max([len(x) for x in enc["input_ids"]] + [8])
-    shape = (num_q, self.num_p, length)
+    shape = (num_q, num_p or self.num_p, length)
     ids, mask, types = (np.zeros(shape, np.int32) for _ in range(3))
     valid, gold = np.zeros(shape[:2], bool), np.zeros(shape[:2], bool)
+    teacher, has_teacher = np.zeros(shape[:2], np.float32), np.zeros(shape[:2], bool)
+    labelled = np.zeros(shape[:1], bool)
     k, real = 0, 0
     for qi, u in enumerate(units):
+      labelled[qi] = u.gold
       for p in range(len(u.passage_ids)):
         x = enc["input_ids"][k]
         ids[qi, p, :len(x)] = x
         mask[qi, p, :len(x)] = 1
         types[qi, p, :len(x)] = enc["token_type_ids"][k]
         valid[qi, p], gold[qi, p] = True, u.passage_rank[p] == 1
+        if u.teacher:
+          teacher[qi, p], has_teacher[qi, p] = u.teacher[p], True
         real += len(x)
         k += 1
     return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types,
-            "passage_mask": valid, "gold": gold, "real_tokens": np.asarray(real, np.int64)}
+            "passage_mask": valid, "gold": gold, "labelled": labelled,
+            "passage_teacher": teacher, "has_teacher": has_teacher,
+            "real_tokens": np.asarray(real, np.int64)}
 
   def micro_batches(self, groups, shares_of):
     """[micro-batch][device share] packed pair batches, each micro-batch padded to its length
     bucket (the next power of two >= 64 of its longest pair, at most the run's longest; one
     compile per bucket) or, with `shape_buckets` False, all to the run's longest pair."""
     q_share = max(1, self.config.micro_batch_size // self.num_shards)
-    own = np.asarray([max([self._pack([self.units[i] for i in s], q_share)["input_ids"].shape[-1]
-                           for s in shares_of(g)] or [0]) for g in groups], np.int64)
+    # Tokenising alone gives a share's longest pair; the shares are packed when reached.
+    own = np.asarray([max([max([len(x) for x in self._encode(
+        [self.units[i] for i in s])["input_ids"]] + [8]) for s in shares_of(g)] or [0])
+                      for g in groups], np.int64)
     if jax.process_count() > 1:
       from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
       own = np.max(multihost_utils.process_allgather(own), 0)
     top = int(own.max())
-    if self.config.get("shape_buckets", True):
+    if self.shape_buckets:
       lengths = [min(top, max(64, 1 << (int(x) - 1).bit_length())) for x in own]
     else:
       lengths = [top] * len(groups)
@@ -571,35 +692,47 @@ class PassageStage:
     def loss_fn(params, batch, rng):
       logits = self._logits(params, batch, False, rng)         # [Q, P]
       valid, gold = batch["passage_mask"], batch["gold"]
-      has = jnp.any(gold & valid, axis=-1)                     # [Q]
+      has = jnp.any(gold & valid, axis=-1) & batch["labelled"]  # [Q]
       logp = jax.nn.log_softmax(jnp.where(valid, logits, -1e9), axis=-1)
       target = jnp.where(gold & valid, 1.0, 0.0)
       target = target / jnp.maximum(jnp.sum(target, -1, keepdims=True), 1.0)
       per_query = -jnp.sum(jnp.where(valid, target * logp, 0.0), axis=-1)
       count = jnp.sum(has).astype(jnp.float32)
-      return {"listwise": (jnp.sum(jnp.where(has, per_query, 0.0)), count)}
+      terms = {"listwise": (jnp.sum(jnp.where(has, per_query, 0.0)), count)}
+      if self.distill_weight:
+        terms["distill"] = _distill_term(logits, batch["passage_teacher"],
+                                         valid & batch["has_teacher"], self.distill_temperature)
+      return terms
 
-    return loss_fn, {"listwise": 1.0}
+    coefs = {"listwise": 1.0}
+    if self.distill_weight:
+      coefs["distill"] = self.distill_weight
+    return loss_fn, coefs
 
-  def make_eval(self, val_units) -> Callable[[Any], Dict[str, float]]:
-    """params -> passage metrics on the validation queries."""
+  def make_eval(self, val_units, qrels=None) -> Callable[[Any], Dict[str, float]]:
+    """params -> passage metrics on the validation queries (relevant: `qrels`, by default each
+    query's rank-1 passage). The pairs are packed once, all to one shape (one compile)."""
     if not val_units:
       return lambda params: {}
     run = jax.jit(lambda p, b: self._logits(p, b, True))
     groups = fc.query_groups(len(val_units), self.config.cache_batch_queries)
+    num_p = max(len(u.passage_ids) for u in val_units)
+    # One length for every group: the longest validation pair's power-of-two bucket.
+    longest = max(len(x) for x in self._encode(val_units)["input_ids"])
+    length = min(self.config.max_seq_len, max(64, 1 << (longest - 1).bit_length()))
+    batches = [self._pack([val_units[i] for i in g], self.config.cache_batch_queries, length,
+                          num_p) for g in groups]
+    qrels = unit_qrels(val_units) if qrels is None else qrels
 
     def evaluate(params):
-      run_, qrels = {}, {}
-      for group in groups:
-        share = [val_units[i] for i in group]
-        b = self._pack(share, self.config.cache_batch_queries, self.config.max_seq_len)
+      run_ = {}
+      for group, b in zip(groups, batches):
         out = np.asarray(run(params, {k: jnp.asarray(v) for k, v in b.items()
                                       if k != "real_tokens"}))
-        for qi, u in enumerate(share):
+        for qi, i in enumerate(group):
+          u = val_units[i]
           scores = out[qi, :len(u.passage_ids)]
           run_[u.qid] = [u.passage_ids[p] for p in passage_order(scores)]
-          qrels[u.qid] = {u.passage_ids[p] for p in range(len(u.passage_ids))
-                          if u.passage_rank[p] == 1}
       return rerank_metrics(run_, qrels, k=10)
     return evaluate
 

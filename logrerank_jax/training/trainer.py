@@ -65,10 +65,14 @@ _RESUME_KEYS = ("stage", "seed", "train_file", "model", "ablation", "dtype", "mi
                 "grad_accum_steps", "learning_rate", "num_epochs", "max_seq_len", "weight_decay",
                 "warmup_fraction", "lambda_role", "listwise_tau", "dropout", "use_feature_cache",
                 "adam_eps")
+# Keys added later: part of the signature only when set, so older checkpoints still resume.
+_OPTIONAL_RESUME_KEYS = ("teacher_file", "distill_weight", "distill_temperature")
 
 
 def _resume_signature(config) -> Dict[str, Any]:
-  return {k: config[k] for k in _RESUME_KEYS}
+  sig = {k: config[k] for k in _RESUME_KEYS}
+  sig.update({k: config[k] for k in _OPTIONAL_RESUME_KEYS if config.get(k)})
+  return sig
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -173,6 +177,20 @@ def data_iterator(batches, num_mb: int, total_micro: int, seed: int, state=None)
   return it
 
 
+def validation_units(config):
+  """(validation query units, their qrels or None): from `config.val_pools` (evaluation pools
+  and `val_qrels`, id-only pools resolved against `val_corpus`), else from `config.val_file`
+  (training records; relevant = each query's rank-1 passage), else none."""
+  if config.get("val_pools", ""):
+    if not config.get("val_qrels", ""):
+      raise ConfigError("config.val_pools needs config.val_qrels")
+    return data_lib.pool_units(config.val_pools, config.val_qrels, config.get("val_corpus", ""))
+  if config.val_file:
+    records = validate_training_file(config.val_file, skip_invalid=config.skip_invalid)[0]
+    return data_lib.query_units(records), None
+  return [], None
+
+
 def _check_workdir_writable(workdir: str) -> None:
   """Create `workdir` and prove it writable now, not after hours of training at the first save."""
   try:
@@ -200,14 +218,12 @@ def train_and_evaluate(config, workdir: str) -> Dict[str, Any]:
   devices, proc, nproc = _topology(config)
   num_shards = len(devices) * nproc
   records, report = validate_training_file(config.train_file, skip_invalid=config.skip_invalid)
-  val_records = (validate_training_file(config.val_file, skip_invalid=config.skip_invalid)[0]
-                 if config.val_file else [])
   rng = jax.random.PRNGKey(config.seed)
 
   # The stage is chosen once; everything stage-specific below is one of its methods.
   stage = make_stage(config, workdir, records)
   stage.num_shards = num_shards
-  val_units = data_lib.query_units(val_records)
+  val_units, val_qrels = validation_units(config)
 
   # Micro-batches: fixed groups, each split into per-device shares.
   groups = stage.micro_batch_groups(config.micro_batch_size, config.seed)
@@ -256,7 +272,7 @@ def train_and_evaluate(config, workdir: str) -> Dict[str, Any]:
     run, place_state, take_state, mesh = _runner(loss_fn, coefs, tx, config.parallel, devices)
     dstate = place_state(state)
 
-    eval_fn = stage.make_eval(val_units)
+    eval_fn = stage.make_eval(val_units, val_qrels)
 
     start = int(jax.device_get(take_state(dstate).step))
     # metrics.jsonl and TensorBoard events (training/metric_log.py); process 0 writes.

@@ -1,0 +1,178 @@
+"""Distillation and pool validation in the trainer (tiny model, real demo records): the KL and
+gold-masked cross-passage terms against NumPy, validation on 50-passage pools with qrels, the
+global stage with a teacher, and the refusals."""
+
+import json
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from logrerank_jax.errors import ConfigError, DataError
+from logrerank_jax.evaluation import read_qrels, rerank_metrics, write_qrels
+from logrerank_jax.training import data as data_lib
+from logrerank_jax.training import feature_cache as fc
+from logrerank_jax.training import stages, trainer
+from logrerank_jax.training.config_files import load_config_module
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PARAS = ROOT / "logrerank_jax" / "demo_data" / "paragraphs"
+TEMPERATURE = 0.05
+
+
+def _config(stage, **overrides):
+  cfg = load_config_module(str(ROOT / "configs" / f"{stage}_stage.py")).get_config("tiny")
+  cfg.progress_bar = False
+  for k, v in overrides.items():
+    setattr(cfg, k, v)
+  return cfg
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+  """Three evidence queries (10 paragraphs each), a teacher file (one labelled, one teacher-only
+  query), two 50-paragraph validation pools and a tokenizer."""
+  from logrerank_jax.data.tokenization import train_wordpiece_tokenizer
+  d = tmp_path_factory.mktemp("distill")
+  lines = PARAS.joinpath("train.jsonl").read_text().splitlines()[:3]
+  (d / "train.jsonl").write_text("\n".join(lines) + "\n")
+  recs = [json.loads(l) for l in lines]
+  rng = np.random.default_rng(0)
+  with open(d / "teacher.jsonl", "w") as f:
+    for rec, labelled in zip(recs[:2], (True, False)):
+      scores = {p["id"]: float(s) for p, s in zip(rec["passages"], rng.uniform(-1, 1, 10))}
+      f.write(json.dumps({"id": rec["id"], "scores": scores, "labelled": labelled}) + "\n")
+  # Two validation pools cut to their first 24 paragraphs, gold kept (cheaper than 50, and still
+  # more than the 10 a recall@10 needs to move).
+  qrels = read_qrels(str(PARAS / "val_pools.qrels"))
+  pools = [json.loads(p) for p in PARAS.joinpath("val_pools.jsonl").read_text().splitlines()[:2]]
+  for p in pools:
+    gold = [i for i in p["ctx_ids"] if i in qrels[p["id"]]]
+    p["ctx_ids"] = gold + [i for i in p["ctx_ids"] if i not in gold][:24 - len(gold)]
+  (d / "val_pools.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pools))
+  write_qrels(str(d / "val.qrels"), {p["id"]: qrels[p["id"]] for p in pools})
+  texts = [r["question"] for r in recs] + [s["text"] for r in recs for p in r["passages"]
+                                           for s in p["sentences"]]
+  train_wordpiece_tokenizer(texts, 600, str(d / "tok"))
+  return d
+
+
+def _overrides(data, **kw):
+  base = dict(train_file=str(data / "train.jsonl"), val_file="", tokenizer=str(data / "tok"),
+              dropout=0.0, micro_batch_size=10, local_passage_weight=1.0, max_seq_len=128,
+              teacher_file=str(data / "teacher.jsonl"), distill_weight=1.0,
+              distill_temperature=TEMPERATURE)
+  base.update(kw)
+  return base
+
+
+def np_kl(student, teacher):
+  t = teacher / TEMPERATURE
+  p = np.exp(t - t.max())
+  p /= p.sum()
+  log_q = student - student.max() - np.log(np.sum(np.exp(student - student.max())))
+  return float(np.sum(p * (np.log(p) - log_q)))
+
+
+def test_local_terms_match_numpy(data, tmp_path):
+  """Each query's KL uses its slots' best sentence logits; the cross-passage gold term skips
+  the teacher-only query; a query without teacher scores has no KL."""
+  from logrerank_jax.data.records import validate_training_file
+  config = _config("local", **_overrides(data))
+  records, _ = validate_training_file(config.train_file)
+  stage = stages.make_stage(config, str(tmp_path), records)
+  groups = stage.micro_batch_groups(30, 0)  # all three queries in one micro-batch
+  batch = stage.micro_batches(groups, lambda g: [g])[0][0]
+  dev = {k: jnp.asarray(v) for k, v in batch.items() if k != "real_tokens"}
+  params = stage.init_params(dev, jax.random.PRNGKey(0))
+  loss_fn, coefs = stage.loss()
+  assert coefs["distill"] == 1.0 and coefs["passage"] == 1.0
+  terms = jax.jit(loss_fn)(params, dev, jax.random.PRNGKey(1))
+  logit = np.asarray(fc.local_features(stage.cfg, params["local"], dev)["local_logit"], np.float64)
+  mask = batch["node_mask"]
+  best = np.where(mask, logit, -np.inf).max(-1)[:30].reshape(3, 10)  # slots beyond: padding
+  teacher = json.loads((data / "teacher.jsonl").read_text().splitlines()[0])
+  kls, golds = [], []
+  for q, qid in enumerate(stage.units[i].qid for i in groups[0][::10]):
+    units = [u for u in stage.units if u.qid == qid]
+    slot = {u.passage_ids[0]: k for k, u in enumerate(units)}
+    t = np.asarray(units[0].teacher and [u.teacher[0] for u in units] or [], np.float64)
+    if len(t):
+      kls.append(np_kl(best[q], t))
+    if units[0].gold:
+      gold = slot[next(u.passage_ids[0] for u in units if u.passage_rank[0] == 1)]
+      golds.append(-(best[q][gold] - best[q].max() - np.log(np.sum(np.exp(best[q] - best[q].max())))))
+  assert len(kls) == 2 and len(golds) == 2  # teacher: q0, q1; gold: q0 and the teacher-free q2
+  assert teacher["labelled"] is True
+  # float32 forward vs float64 NumPy on O(20) log-probabilities (logits / 0.05): ~20 eps
+  # relative per term, 1e-4 relative bounds the sums (measured ~1e-6).
+  np.testing.assert_allclose(np.asarray(terms["distill"]), [sum(kls), 2.0], rtol=1e-4)
+  np.testing.assert_allclose(np.asarray(terms["passage"]), [sum(golds), 2.0], rtol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def local_run(data, tmp_path_factory):
+  work = tmp_path_factory.mktemp("local")
+  config = _config("local", **_overrides(data, max_steps=2, val_pools=str(data / "val_pools.jsonl"),
+                                         val_qrels=str(data / "val.qrels"),
+                                         val_corpus=str(PARAS / "corpus.jsonl")))
+  return config, trainer.train_and_evaluate(config, str(work)), work
+
+
+def test_validation_on_pools_uses_their_qrels(data, local_run):
+  config, summary, work = local_run
+  log = [json.loads(l) for l in (work / "metrics.jsonl").read_text().splitlines()]
+  assert any("distill" in r for r in log if r["event"] == "train")
+  val = summary["val"]
+  # Independent of the trainer's bucketed packing: one query per pack, no padding.
+  from logrerank_jax.models.model_folder import load_model
+  params, cfg, tok = load_model(summary["model_dir"])
+  units, qrels = data_lib.pool_units(config.val_pools, config.val_qrels, config.val_corpus)
+  assert len(units) == 2 and all(len(u.passage_ids) == 24 for u in units)
+  run = {}
+  for u in units:
+    b = data_lib.pack_units([u], tok, stages.forward_packing(stages.packing_config(config, cfg)))
+    logit = np.asarray(fc.local_features(cfg, params["local"], {
+        k: jnp.asarray(v) for k, v in b.items() if k != "real_tokens"})["local_logit"])[0]
+    best = np.full(24, -np.inf)
+    for n in np.flatnonzero(b["node_mask"][0]):
+      best[b["node_passage"][0, n]] = max(best[b["node_passage"][0, n]], logit[n])
+    run[u.qid] = [u.passage_ids[p] for p in np.argsort(-best, kind="stable")]
+  want = rerank_metrics(run, qrels, k=10)
+  assert val["ndcg@10"] == pytest.approx(want["ndcg@10"], abs=1e-9)
+  assert val["recall@10"] == pytest.approx(want["recall@10"], abs=1e-9)
+
+
+def test_global_stage_with_teacher_and_pool_validation(data, local_run, tmp_path):
+  config, _, work = local_run
+  # One micro-batch of all three queries (two with teacher scores) per step.
+  g = _config("global", **_overrides(data, max_steps=2, micro_batch_size=4,
+                                     local_checkpoint=str(work), val_pools=config.val_pools,
+                                     val_qrels=config.val_qrels, val_corpus=config.val_corpus))
+  summary = trainer.train_and_evaluate(g, str(tmp_path / "global"))
+  log = [json.loads(l) for l in (tmp_path / "global" / "metrics.jsonl").read_text().splitlines()]
+  train = [r for r in log if r["event"] == "train"]
+  assert train and all(np.isfinite(r["distill"]) and r["distill"] > 0 for r in train)
+  assert 0.0 <= summary["val"]["ndcg@10"] <= 100.0
+
+
+def test_refusals(data, tmp_path):
+  from logrerank_jax.data.records import validate_training_file
+  records, _ = validate_training_file(str(data / "train.jsonl"))
+  with pytest.raises(ConfigError, match="teacher_file"):
+    stages.make_stage(_config("local", **_overrides(data, teacher_file="")), str(tmp_path), records)
+  bad = tmp_path / "teacher.jsonl"
+  entry = json.loads((data / "teacher.jsonl").read_text().splitlines()[0])
+  entry["scores"].pop(next(iter(entry["scores"])))
+  bad.write_text(json.dumps(entry) + "\n")
+  with pytest.raises(DataError, match="lack passage"):
+    stages.make_stage(_config("local", **_overrides(data, teacher_file=str(bad))), str(tmp_path),
+                      records)
+  short = records[:2] + [records[2].__class__(id=records[2].id, question=records[2].question,
+                                              passages=records[2].passages[:9])]
+  stage = stages.make_stage(_config("local", **_overrides(data, distill_weight=0.0)),
+                            str(tmp_path), short)
+  with pytest.raises(ConfigError, match="same number of passages"):
+    stage.micro_batch_groups(10, 0)
