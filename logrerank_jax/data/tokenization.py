@@ -1,8 +1,12 @@
-"""Load HF tokenizers from checkpoint folders, or train a small WordPiece one offline."""
+"""Load HF tokenizers from checkpoint folders, train a small WordPiece one offline, and encode
+many texts into one flat array of token ids."""
 
 import collections
+import itertools
 import os
-from typing import Iterable, Optional
+from typing import Iterable, Optional, Sequence
+
+import numpy as np
 
 from logrerank_jax.errors import CheckpointError
 
@@ -35,6 +39,42 @@ def load_tokenizer(path: str):
   if not isinstance(tok, PreTrainedTokenizerFast):
     raise CheckpointError(f"tokenizer in {path} is not a fast tokenizer ({type(tok).__name__})")
   return tok
+
+
+def encode_texts(tokenizer, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+  """Token ids of `texts` without special tokens, as one flat array and a length per text.
+
+  The same ids as `tokenizer(texts, add_special_tokens=False)["input_ids"]`, from one batched
+  call of the Rust tokenizer's `encode_batch_fast` (no character offsets tracked) and without the
+  per-text dicts transformers builds around each encoding: the engine's host work is mostly
+  tokenisation, and about a third of the transformers call was that wrapper (measured on real
+  pools). transformers' own call first switches the backend to no truncation, no padding and its
+  `split_special_tokens` setting; where the backend is not in that state already, that call is
+  made instead (it leaves the backend in that state for the next call). A tokenizer without a
+  Rust backend takes the transformers call too.
+
+  Args:
+    tokenizer: a `transformers` tokenizer (fast: `backend_tokenizer`).
+    texts: the strings.
+
+  Returns:
+    (ids int32 [total tokens], lengths int64 [len(texts)]): text i is
+    `ids[sum(lengths[:i]):sum(lengths[:i + 1])]`.
+  """
+  backend = getattr(tokenizer, "backend_tokenizer", None)
+  fast = (backend is not None and hasattr(backend, "encode_batch_fast")
+          and backend.truncation is None and backend.padding is None
+          and backend.encode_special_tokens == bool(getattr(tokenizer, "split_special_tokens",
+                                                            False)))
+  if not texts:
+    ids = []
+  elif fast:
+    ids = [e.ids for e in backend.encode_batch_fast(list(texts), add_special_tokens=False)]
+  else:
+    ids = tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+  lengths = np.fromiter(map(len, ids), np.int64, len(ids))
+  flat = np.fromiter(itertools.chain.from_iterable(ids), np.int32, int(lengths.sum()))
+  return flat, lengths
 
 
 def wordpiece_vocab(texts: Iterable[str], vocab_size: int) -> list:
