@@ -79,9 +79,9 @@ def test_passage_stage_pads_each_micro_batch_to_its_length_bucket(tmp_path):
                                       truncation="longest_first", max_length=cfg.max_seq_len)
                       ["input_ids"] for u in [stage.units[i]] for p in range(len(u.passage_ids))),
                      key=len)) for i in range(len(records))]
-  cfg.shape_buckets = True
+  stage.shape_buckets = True  # the stage reads config.shape_buckets once, into this attribute
   bucketed = stage.micro_batches(groups, lambda g: [g])
-  cfg.shape_buckets = False
+  stage.shape_buckets = False
   flat = stage.micro_batches(groups, lambda g: [g])
   top = max(lengths)
   assert all(mb[0]["input_ids"].shape[-1] == top for mb in flat)
