@@ -90,7 +90,9 @@ def test_local_terms_match_numpy(data, tmp_path):
   loss_fn, coefs = stage.loss()
   assert coefs["distill"] == 1.0 and coefs["passage"] == 1.0
   terms = jax.jit(loss_fn)(params, dev, jax.random.PRNGKey(1))
-  logit = np.asarray(fc.local_features(stage.cfg, params["local"], dev)["local_logit"], np.float64)
+  # Jitted (the batch an argument): eager, every op of the forward compiles on its own.
+  local = jax.jit(lambda p, b: fc.local_features(stage.cfg, p, b)["local_logit"])
+  logit = np.asarray(local(params["local"], dev), np.float64)
   mask = batch["node_mask"]
   best = np.where(mask, logit, -np.inf).max(-1)[:30].reshape(3, 10)  # slots beyond: padding
   teacher = json.loads((data / "teacher.jsonl").read_text().splitlines()[0])
@@ -132,10 +134,11 @@ def test_validation_on_pools_uses_their_qrels(data, local_run):
   units, qrels = data_lib.pool_units(config.val_pools, config.val_qrels, config.val_corpus)
   assert len(units) == 2 and all(len(u.passage_ids) == 24 for u in units)
   run = {}
+  local = jax.jit(lambda p, b: fc.local_features(cfg, p, b)["local_logit"])  # as above
   for u in units:
     b = data_lib.pack_units([u], tok, stages.forward_packing(stages.packing_config(config, cfg)))
-    logit = np.asarray(fc.local_features(cfg, params["local"], {
-        k: jnp.asarray(v) for k, v in b.items() if k != "real_tokens"})["local_logit"])[0]
+    logit = np.asarray(local(params["local"], {
+        k: jnp.asarray(v) for k, v in b.items() if k != "real_tokens"}))[0]
     best = np.full(24, -np.inf)
     for n in np.flatnonzero(b["node_mask"][0]):
       best[b["node_passage"][0, n]] = max(best[b["node_passage"][0, n]], logit[n])
