@@ -154,18 +154,18 @@ def _free_port():
     return s.getsockname()[1]
 
 
-def test_log_jit_two_processes_equal_one_process(log_runs, log_data):
-  # 2 processes x 2 CPU devices, one 4-device mesh: each process packs its own devices' shares
-  # and `_place` assembles the global batch with jax.make_array_from_process_local_data.
-  # Measured max |param difference| to the one-process 4-device jit run: 3.0e-8.
+def _run_log_two_processes(log_data, mode):
+  """The LoG runs of LOG_OVERRIDES as 2 processes x 2 CPU devices (jax.distributed, gloo), under
+  `mode`; the final params process 0 saved."""
   port, procs = _free_port(), []
   for pid in range(2):
     overrides = dict(LOG_OVERRIDES, train_file=str(log_data / "train.jsonl"), val_file="",
-                     tokenizer=str(log_data / "tok"), parallel="jit", distributed=True,
+                     tokenizer=str(log_data / "tok"), parallel=mode, distributed=True,
                      coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=pid)
-    spec = {"config": "local", "overrides": overrides, "workdir": str(log_data / "wd-jit-2proc"),
-            "out": str(log_data / "jit-2proc.npz"), "gloo": True}
-    path = log_data / f"jit-2proc-{pid}.json"
+    spec = {"config": "local", "overrides": overrides, "gloo": True,
+            "workdir": str(log_data / f"wd-{mode}-2proc"),
+            "out": str(log_data / f"{mode}-2proc.npz")}
+    path = log_data / f"{mode}-2proc-{pid}.json"
     path.write_text(json.dumps(spec))
     procs.append(subprocess.Popen([sys.executable, str(WORKERS / "train_worker.py"), str(path)],
                                   env=_env(2), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -173,8 +173,15 @@ def test_log_jit_two_processes_equal_one_process(log_runs, log_data):
   for p in procs:
     _, err = p.communicate(timeout=600)
     assert p.returncode == 0, err[-4000:]
-  with np.load(log_data / "jit-2proc.npz") as z:
-    got = {k: z[k] for k in z.files}
+  with np.load(log_data / f"{mode}-2proc.npz") as z:
+    return {k: z[k] for k in z.files}
+
+
+def test_log_jit_two_processes_equal_one_process(log_runs, log_data):
+  # 2 processes x 2 CPU devices, one 4-device mesh: each process packs its own devices' shares
+  # and `_place` assembles the global batch with jax.make_array_from_process_local_data.
+  # Measured max |param difference| to the one-process 4-device jit run: 3.0e-8.
+  got = _run_log_two_processes(log_data, "jit")
   np.testing.assert_allclose(got["__loss__"], log_runs["jit-4dev"]["__loss__"], rtol=1e-5)
   assert _max_param_diff(got, log_runs["jit-4dev"]) < LOG_ATOL
 
@@ -198,23 +205,7 @@ def test_training_changed_the_params(log_runs, log_data):
 def test_log_pmap_two_processes_equal_one_process(log_runs, log_data):
   # 2 processes x 2 CPU devices under pmap (jax.distributed), against the one-process 4-device
   # pmap run. (Moved from tests/test_training.py.)
-  port, procs = _free_port(), []
-  for pid in range(2):
-    overrides = dict(LOG_OVERRIDES, train_file=str(log_data / "train.jsonl"), val_file="",
-                     tokenizer=str(log_data / "tok"), parallel="pmap", distributed=True,
-                     coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=pid)
-    spec = {"config": "local", "overrides": overrides, "workdir": str(log_data / "wd-pmap-2proc"),
-            "out": str(log_data / "pmap-2proc.npz"), "gloo": True}
-    path = log_data / f"pmap-2proc-{pid}.json"
-    path.write_text(json.dumps(spec))
-    procs.append(subprocess.Popen([sys.executable, str(WORKERS / "train_worker.py"), str(path)],
-                                  env=_env(2), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  text=True))
-  for p in procs:
-    _, err = p.communicate(timeout=600)
-    assert p.returncode == 0, err[-4000:]
-  with np.load(log_data / "pmap-2proc.npz") as z:
-    got = {k: z[k] for k in z.files}
+  got = _run_log_two_processes(log_data, "pmap")
   np.testing.assert_allclose(got["__loss__"], log_runs["pmap-4dev"]["__loss__"], rtol=1e-5)
   assert _max_param_diff(got, log_runs["pmap-4dev"]) < LOG_ATOL
 
