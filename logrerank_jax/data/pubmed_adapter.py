@@ -266,6 +266,23 @@ def _passage_sentences(p: _PoolPassage, stats: AdapterStats) -> list[tuple[str, 
   return out
 
 
+def _training_passage(pool, pi, qi, question, prank, stats):
+  """Pool passage `pi` as candidate `prank` of query `qi`: its sentences ranked by their
+  IDF-weighted overlap with the question (`sentence_scores`), with their section roles; counted
+  in `stats`."""
+  p = pool.passages[pi]
+  pairs = _passage_sentences(p, stats)
+  if not pairs:
+    raise DataError(f"{pool.path}: passage {p.id} (candidate of query {qi}) has no sentences")
+  ranks = _ranks_from_scores(pool.sentence_scores(question, [t for t, _ in pairs]))
+  stats.passages += 1
+  stats.sentences += len(pairs)
+  return records_lib.TrainingPassage(
+      id=p.id, title=p.title, rank=prank,
+      sentences=tuple(records_lib.TrainingSentence(text=t, rank=r, role=role)
+                      for (t, role), r in zip(pairs, ranks)))
+
+
 def _ranks_from_scores(scores: Sequence[float]) -> list[int]:
   """Return 1-based ranks: higher score first, ties by position (stable sort)."""
   order = sorted(range(len(scores)), key=lambda j: -scores[j])
@@ -283,17 +300,7 @@ def build_training_record(pool: PubMedPool, qi: int, num_passages: int, stats: A
   passages = []
   for prank, pi in enumerate(pool.candidates(qi, num_passages, banned, evidence_negatives),
                              start=1):
-    p = pool.passages[pi]
-    pairs = _passage_sentences(p, stats)
-    if not pairs:
-      raise DataError(f"{pool.path}: passage {p.id} (candidate of query {qi}) has no sentences")
-    ranks = _ranks_from_scores(pool.sentence_scores(question, [s for s, _ in pairs]))
-    passages.append(records_lib.TrainingPassage(
-        id=p.id, title=p.title, rank=prank,
-        sentences=tuple(records_lib.TrainingSentence(text=s, rank=r, role=role)
-                        for (s, role), r in zip(pairs, ranks))))
-    stats.passages += 1
-    stats.sentences += len(pairs)
+    passages.append(_training_passage(pool, pi, qi, question, prank, stats))
   stats.queries += 1
   stem = os.path.splitext(os.path.basename(pool.path))[0]
   rec = records_lib.TrainingRecord(id=f"{stem}:{qi}", question=question, passages=tuple(passages))
@@ -329,17 +336,7 @@ def build_teacher_records(pool: PubMedPool, query_indices: Sequence[int], num_pa
     order = sorted(range(len(cands)), key=lambda k: (-scores[k], k))
     passages = []
     for prank, k in enumerate(order, start=1):
-      p = pool.passages[cands[k]]
-      pairs = _passage_sentences(p, stats)
-      if not pairs:
-        raise DataError(f"{pool.path}: passage {p.id} (candidate of query {qi}) has no sentences")
-      ranks = _ranks_from_scores(pool.sentence_scores(question, [t for t, _ in pairs]))
-      passages.append(records_lib.TrainingPassage(
-          id=p.id, title=p.title, rank=prank,
-          sentences=tuple(records_lib.TrainingSentence(text=t, rank=r, role=role)
-                          for (t, role), r in zip(pairs, ranks))))
-      stats.passages += 1
-      stats.sentences += len(pairs)
+      passages.append(_training_passage(pool, cands[k], qi, question, prank, stats))
     stats.queries += 1
     rec = records_lib.TrainingRecord(id=f"{id_prefix}{stem}:{qi}", question=question,
                                      passages=tuple(passages))
