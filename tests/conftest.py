@@ -2,29 +2,37 @@
 slices shipped with the tests.
 
 Compilation cache.  XLA compilation is most of this suite's CPU time, and the same programs are
-compiled again and again: by the tools the tests run in subprocesses, by pytest-xdist's workers,
-and by tests that build the same tiny model. JAX's persistent cache, in one temporary folder per
-test run (created here, before anything imports JAX, removed when the run ends), lets every
-process load an executable that any process of the run compiled before. It is passed on through
+compiled again and again by the tools and multi-device workers the tests run in subprocesses (six
+tiny training runs of one config, for instance). JAX's persistent cache, in one temporary folder
+per test run (created here, before anything imports JAX, removed when the run ends), lets every
+such process load an executable that another process of the run compiled before. It is passed on through
 JAX's own environment variables, so subprocesses and xdist workers inherit it. Entries are
 cached whatever their compile time (tiny models compile in well under JAX's default 1 s
 threshold), and a size limit turns on JAX's file lock, so two processes never read an entry
 another is writing. A run under an explicit `JAX_COMPILATION_CACHE_DIR` uses that folder and
 leaves it in place.
 
-Compiler optimisation.  The tiny models here spend far more time in XLA's LLVM back end than in
-running: `JAX_DISABLE_MOST_OPTIMIZATIONS=1` (LLVM at -O0, no expensive passes) cuts the compile
-CPU of a tiny LoG forward by about half (measured 20.3 -> 8.9 CPU-s for its jitted init, 9.0 ->
-6.3 for its forward) and changes no XLA HLO pass, so the computation is the same; without
-fast-math, LLVM may not reassociate floating-point either way. Set for every process of the run
-unless the caller chose a value: `.ci/run` reruns the float parity files with it off, so they are
-also checked as users compile them.
+Compiler optimisation.  The tiny models here spend far more time in XLA's back end than in
+running. Unless the caller chose (`.ci/run` reruns the float parity files with full optimisation,
+so they are also checked as users compile them), every process of the run compiles with
+`JAX_DISABLE_MOST_OPTIMIZATIONS=1` (LLVM at -O0, no expensive passes; measured 20.3 -> 8.9 CPU-s
+for a tiny LoG's jitted init) and XLA CPU's older fusion code generator
+(`--xla_cpu_use_fusion_emitters=false`; with the cache change below, an eager tiny-LoG init went
+from 29.6 s to 14.7 s). Both change how XLA generates machine code, not the program: without
+fast-math neither may reassociate floating-point, and every tolerance here is a bound on rounding
+anyway. The flag is checked once in a
+throw-away process, because XLA aborts on a flag it does not know.
+
+The persistent cache is on only in the processes the tests start (see the note where it is
+turned off below).
 """
 
 import json
 import os
 import pathlib
 import shutil
+import subprocess
+import sys
 import tempfile
 
 _CACHE_OWNER = "LOGRERANK_TEST_CACHE_OWNER"
@@ -47,10 +55,42 @@ def _test_run_compilation_cache() -> None:
   })
 
 
-_test_run_compilation_cache()
-os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+_FAST_FLAG = "--xla_cpu_use_fusion_emitters=false"
+_FAST_CHECKED = "LOGRERANK_TEST_FAST_COMPILE_CHECKED"
 
-import pytest  # noqa: E402  (after the environment is set)
+
+def _fast_compilation() -> None:
+  """-O0 and XLA CPU's older fusion code generator, for this process and every process it starts,
+  unless the caller chose the optimisation level (`.ci/run`'s AVX2 rerun does)."""
+  if "JAX_DISABLE_MOST_OPTIMIZATIONS" in os.environ:
+    return
+  os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "1"
+  flags = os.environ.get("XLA_FLAGS", "")
+  if "xla_cpu_use_fusion_emitters" in flags or os.environ.get(_FAST_CHECKED):
+    return
+  # XLA aborts the process on an unknown flag: check once, in a throw-away process, that this
+  # jaxlib still has it (xdist workers inherit the result through the environment).
+  probe = subprocess.run([sys.executable, "-c", "import jax.numpy as j; j.zeros(1).block_until_ready()"],
+                         env=dict(os.environ, XLA_FLAGS=f"{flags} {_FAST_FLAG}".strip(),
+                                  JAX_PLATFORMS="cpu"),
+                         capture_output=True, timeout=120, check=False)
+  os.environ[_FAST_CHECKED] = "1"
+  if probe.returncode == 0:
+    os.environ["XLA_FLAGS"] = f"{flags} {_FAST_FLAG}".strip()
+
+
+_test_run_compilation_cache()
+_fast_compilation()
+
+import jax  # noqa: E402  (after the environment is set)
+import pytest  # noqa: E402
+
+# The persistent cache pays for itself only where the same program is compiled in another
+# process: the tools and multi-device workers the tests start, which inherit it through the
+# environment. In the test processes themselves nearly every compilation is new, and a cache
+# lookup costs about as much as compiling a small program at -O0 (measured: an eager tiny-LoG init,
+# 272 compilations, 29.6 s with the cache, 21.5 s without), so it is off here.
+jax.config.update("jax_enable_compilation_cache", False)
 
 
 def pytest_unconfigure(config):

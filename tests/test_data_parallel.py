@@ -16,14 +16,15 @@ import sys
 import numpy as np
 import pytest
 
+from cpu_devices import cpu_devices_env
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 WORKERS = ROOT / "tests" / "workers"
 DEMO = ROOT / "logrerank_jax" / "demo_data"
 
 
 def _env(ndev):
-  return dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={ndev}",
-              JAX_PLATFORMS="cpu")
+  return cpu_devices_env(ndev)
 
 
 # ----------------------------------------------------------------------------- toy model

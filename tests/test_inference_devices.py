@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from cpu_devices import cpu_devices_env
 from test_inference import check_output, make_pools, make_tiny_model
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -45,8 +46,7 @@ def setup(tmp_path_factory):
 
 
 def _env(ndev):
-  return dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={ndev}",
-              JAX_PLATFORMS="cpu")
+  return cpu_devices_env(ndev)
 
 
 def _worker(tmp, model, inp, ndev, name, **extra):

@@ -18,6 +18,8 @@ import time
 import numpy as np
 import pytest
 
+from cpu_devices import cpu_devices_env
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "workers" / "train_worker.py"
 DEMO = ROOT / "logrerank_jax" / "demo_data"
@@ -46,8 +48,7 @@ def _spec(data, workdir, out, config="local", **overrides):
 
 def _launch(spec, ndev, path, extra_env=None):
   path.write_text(json.dumps(spec))
-  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={ndev}",
-             JAX_PLATFORMS="cpu", **(extra_env or {}))
+  env = cpu_devices_env(ndev, **(extra_env or {}))
   return subprocess.Popen([sys.executable, str(WORKER), str(path)], env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
