@@ -57,20 +57,27 @@ DEFAULT_XLA_FLAGS = ""
 # The attention-free floor (`attention_free_forward`): a cost reference, never a result.
 FLOOR = "flax_attention_free"
 DENSE_REPEAT = 10  # products per timed call in the kernels suite
-SIZES = ("small", "base")
+# "tiny" is for the smoke tests (tests/test_benchmark_smoke.py): it runs every code path in seconds
+# and its figures mean nothing.
+SIZES = ("tiny", "small", "base")
 ROW_LEN_CANDIDATES = tuple(range(512, 1025, 64))
 
 
 # ----------------------------------------------------------------------------- model and data
 
 def encoder_config(size: str, vocab_size: int, attention_impl: str = "xla"):
-  """ModernBERT-base, or the 'small' shrink of it (same layer pattern and 128-token window)."""
+  """ModernBERT-base, the 'small' shrink of it (same layer pattern and 128-token window), or the
+  smoke tests' 'tiny' one (3 layers, global attention every 2nd, a 16-token window)."""
   from logrerank_jax.models.modernbert import ModernBertConfig  # pylint: disable=g-import-not-at-top
   if size == "base":
     cfg = ModernBertConfig(vocab_size=max(vocab_size, 50368), pad_token_id=0)
   elif size == "small":
     cfg = ModernBertConfig(vocab_size=vocab_size, hidden_size=256, intermediate_size=384,
                            num_hidden_layers=4, num_attention_heads=4, pad_token_id=0)
+  elif size == "tiny":
+    cfg = ModernBertConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=48,
+                           num_hidden_layers=3, num_attention_heads=2, local_attention=16,
+                           global_attn_every_n_layers=2, pad_token_id=0)
   else:
     raise SystemExit(f"unknown size {size!r}; known: {SIZES}")
   return cfg.replace(attention_impl=attention_impl)

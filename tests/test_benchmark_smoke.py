@@ -73,11 +73,11 @@ def test_encoder_flops_known_answer(lens):
   assert bm.encoder_flops(cfg, lens) == pytest.approx(want, rel=1e-12)
 
 
-def test_encoder_suite_small_smoke():
+def test_encoder_suite_tiny_smoke():
   """The interleaved encoder suite on one query of two passages: figures exist, every contender
   saw the same sequences, Flax matched torch, and the load was recorded. No speed is asserted."""
   from benchmarks import encoder
-  out = encoder.encoder_suite(size="small", reps=5, impls=("xla",), queries=1, passages=2,
+  out = encoder.encoder_suite(size="tiny", reps=5, impls=("xla",), queries=1, passages=2,
                               torch_batch_sizes=(8,), log=lambda _: None)
   r = out["ratio_vs_torch"]
   assert 0 < r["min"] <= r["median"] <= r["max"] and math.isfinite(r["max"])
@@ -91,11 +91,11 @@ def test_encoder_suite_small_smoke():
   assert 0 < c["min"] <= c["median"] <= c["max"] and math.isfinite(c["max"])
 
 
-def test_kernels_suite_small_smoke():
+def test_kernels_suite_tiny_smoke():
   """Dense and attention kernels of both frameworks timed on the same inputs; the attention
   outputs agree (float32: the same logits and softmax in another order, <= 1e-5)."""
   from benchmarks import encoder
-  out = encoder.kernels_suite(size="small", reps=5, queries=1, passages=2, log=lambda _: None)
+  out = encoder.kernels_suite(size="tiny", reps=5, queries=1, passages=2, log=lambda _: None)
   assert set(out["xla_over_torch_time"]) == {
       "dense_float32", "dense_bfloat16", "attention_global", "attention_global_grad",
       "attention_window", "attention_window_grad"}
@@ -126,9 +126,9 @@ def test_attention_free_floor_mixes_no_tokens(impl):
     assert (rest.min() > 0) if mixes else (rest.max() == 0), (mixes, rest)
 
 
-def test_train_step_suite_small_smoke():
+def test_train_step_suite_tiny_smoke():
   from benchmarks import encoder
-  out = encoder.train_step_suite(size="small", reps=5, queries=1, passages=2, log=lambda _: None)
+  out = encoder.train_step_suite(size="tiny", reps=5, queries=1, passages=2, log=lambda _: None)
   for key in ("ratio_vs_torch", "ratio_ceiling_vs_torch"):
     r = out[key]
     assert 0 < r["min"] <= r["median"] <= r["max"] and math.isfinite(r["max"]), key
