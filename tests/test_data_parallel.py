@@ -97,23 +97,41 @@ def log_data(train_six):
   return train_six
 
 
-def _run_log(data, name, mode, ndev, overrides=None, **spec_extra):
+def _log_spec(data, name, mode, ndev, overrides=None, **spec_extra):
   overrides = dict(LOG_OVERRIDES, train_file=str(data / "train.jsonl"), val_file="",
                    tokenizer=str(data / "tok"), parallel=mode, num_devices=ndev,
                    **(overrides or {}))
   spec = {"config": "local", "overrides": overrides, "workdir": str(data / f"wd-{name}"),
           "out": str(data / f"{name}.npz"), **spec_extra}
   (data / f"{name}.json").write_text(json.dumps(spec))
-  cmd = [sys.executable, str(WORKERS / "train_worker.py"), str(data / f"{name}.json")]
-  proc = subprocess.run(cmd, env=_env(4), capture_output=True, text=True, timeout=600)
-  assert proc.returncode == 0, proc.stderr[-4000:]
-  with np.load(data / f"{name}.npz") as z:
+  return data / f"{name}.json"
+
+
+def _load_npz(path):
+  with np.load(path) as z:
     return {k: z[k] for k in z.files}
+
+
+def _run_logs(data, runs):
+  """Run name -> `_log_spec` arguments, all in ONE 4-device worker process, in order
+  (tests/workers/train_worker.py: each run builds its own trainer, steps and state; only the
+  start-up is shared); return name -> final params."""
+  specs = [_log_spec(data, name, *args, **extra) for name, (args, extra) in runs.items()]
+  cmd = [sys.executable, str(WORKERS / "train_worker.py"), *map(str, specs)]
+  proc = subprocess.run(cmd, env=_env(4), capture_output=True, text=True, timeout=900)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  return {name: _load_npz(data / f"{name}.npz") for name in runs}
 
 
 @pytest.fixture(scope="module")
 def log_runs(log_data):
-  return {name: _run_log(log_data, name, mode, ndev) for name, (mode, ndev) in LOG_CASES.items()}
+  runs = {name: (case, {}) for name, case in LOG_CASES.items()}
+  runs["lr0-1dev"] = (("pmap", 1, {"max_steps": 1, "learning_rate": 0.0}), {})
+  runs["dropout-pmap-4dev"] = (("pmap", 4, {"dropout": 0.1}), {})
+  runs["dropout-jit-4dev"] = (("jit", 4, {"dropout": 0.1}), {})
+  # The twice-reduced step (test below) last: the worker patches it for that run only.
+  runs["double-4dev"] = (("shard_map", 4), {"double_reduce": True})
+  return _run_logs(log_data, runs)
 
 
 def _max_param_diff(a, b):
@@ -132,7 +150,7 @@ def test_log_params_equal_single_device_pmap(log_runs, name):
 
 @pytest.mark.parametrize("ndev", [1, 4])
 def test_log_three_wrappers_equal(log_runs, ndev):
-  runs = {n: r for n, r in log_runs.items() if n.endswith(f"-{ndev}dev")}
+  runs = {n: log_runs[n] for n in LOG_CASES if n.endswith(f"-{ndev}dev")}
   assert len(runs) == (2 if ndev == 1 else 3)
   names = sorted(runs)
   for a in names:
@@ -144,8 +162,7 @@ def test_log_gradient_reduced_twice_is_caught(log_runs, log_data):
   # The pre-fix step (no varying cast) under checked shard_map reduces the gradient twice (4x):
   # with Adam eps = 1 the params leave LOG_ATOL by orders of magnitude. This also guards the
   # equalities above against vacuity (params that did not move would agree with this run too).
-  got = _run_log(log_data, "double-4dev", "shard_map", 4, double_reduce=True)
-  diff = _max_param_diff(got, log_runs["pmap-1dev"])
+  diff = _max_param_diff(log_runs["double-4dev"], log_runs["pmap-1dev"])
   assert diff > 1000 * LOG_ATOL, diff
 
 
@@ -196,11 +213,10 @@ def test_same_params_on_1_and_4_devices(log_runs, name):
   assert _max_param_diff(got, ref) < LOG_ATOL
 
 
-def test_training_changed_the_params(log_runs, log_data):
+def test_training_changed_the_params(log_runs):
   # Guard against a vacuous equality: 3 steps (warm-up makes the first one lr 0) move the weights
   # far more than LOG_ATOL. The 1-step run at lr 0 holds the initial params.
-  init = _run_log(log_data, "lr0-1dev", "pmap", 1, overrides={"max_steps": 1, "learning_rate": 0.0})
-  assert _max_param_diff(init, log_runs["pmap-1dev"]) > 1000 * LOG_ATOL
+  assert _max_param_diff(log_runs["lr0-1dev"], log_runs["pmap-1dev"]) > 1000 * LOG_ATOL
 
 
 def test_log_pmap_two_processes_equal_one_process(log_runs, log_data):
@@ -211,10 +227,8 @@ def test_log_pmap_two_processes_equal_one_process(log_runs, log_data):
   assert _max_param_diff(got, log_runs["pmap-4dev"]) < LOG_ATOL
 
 
-def test_log_dropout_same_masks_under_pmap_and_jit(log_data):
+def test_log_dropout_same_masks_under_pmap_and_jit(log_runs):
   # The jit step gives share i the dropout key pmap gives device i, so with dropout on the two
   # still agree. Measured (dropout 0.1, 4 devices): max |param difference| 3.0e-8 (shard_map is
   # bitwise equal to pmap), while dropout moves the params 2.4e-3 from the dropout-free run.
-  pmap = _run_log(log_data, "dropout-pmap-4dev", "pmap", 4, overrides={"dropout": 0.1})
-  jit = _run_log(log_data, "dropout-jit-4dev", "jit", 4, overrides={"dropout": 0.1})
-  assert _max_param_diff(jit, pmap) < LOG_ATOL
+  assert _max_param_diff(log_runs["dropout-jit-4dev"], log_runs["dropout-pmap-4dev"]) < LOG_ATOL

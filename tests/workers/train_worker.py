@@ -1,6 +1,8 @@
 """Run `train_and_evaluate` with config overrides in a fresh process; save the final params.
 
-Usage: python train_worker.py SPEC.json
+Usage: python train_worker.py SPEC.json [SPEC.json ...]
+Several specs run one after another in this one process (the runs of one device count share the
+start-up: imports, tokenizer, JAX client); each builds its own trainer, steps and state.
 SPEC: {"config": "local"|"global", "variant": "tiny", "overrides": {...}, "workdir": str,
        "out": str (npz of flattened final train-state params, written by process 0),
        optional "gloo": true (multi-process CPU collectives), "double_reduce": true (see below)}.
@@ -26,22 +28,25 @@ def load_config(name, variant):
   return mod.get_config(variant)
 
 
-def main():
-  spec = json.loads(pathlib.Path(sys.argv[1]).read_text())
+def run(spec):
+  from logrerank_jax.training import step as step_lib  # pylint: disable=g-import-not-at-top
+  from logrerank_jax.training import trainer  # pylint: disable=g-import-not-at-top
+  from logrerank_jax.models.model_folder import load_model  # pylint: disable=g-import-not-at-top
   if spec.get("gloo"):
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  pcast = step_lib.jax.lax.pcast
   if spec.get("double_reduce"):
     # The per-device step as it was before the gradient fix (no varying cast of the params):
     # under checked shard_map its gradient is reduced twice (tests/test_data_parallel.py).
-    from logrerank_jax.training import step as step_lib  # pylint: disable=g-import-not-at-top
     step_lib.jax.lax.pcast = lambda x, *args, **kwargs: x
-  config = load_config(spec["config"], spec.get("variant", "tiny"))
-  config.progress_bar = False
-  for k, v in spec.get("overrides", {}).items():
-    config[k] = v
-  from logrerank_jax.training import trainer  # pylint: disable=g-import-not-at-top
-  from logrerank_jax.models.model_folder import load_model  # pylint: disable=g-import-not-at-top
-  summary = trainer.train_and_evaluate(config, spec["workdir"])
+  try:
+    config = load_config(spec["config"], spec.get("variant", "tiny"))
+    config.progress_bar = False
+    for k, v in spec.get("overrides", {}).items():
+      config[k] = v
+    summary = trainer.train_and_evaluate(config, spec["workdir"])
+  finally:
+    step_lib.jax.lax.pcast = pcast  # the next spec of this process gets the real step
   if jax.process_index() == 0 and spec.get("out"):
     # With no validation file the exported model holds the final params of the run.
     params, _, _ = load_model(summary["model_dir"], need_tokenizer=False)
@@ -51,6 +56,11 @@ def main():
     flat["__loss__"] = np.asarray(summary["loss"])
     np.savez(spec["out"], **flat)
   print(json.dumps({k: v for k, v in summary.items() if k != "model_dir"}, default=str))
+
+
+def main():
+  for path in sys.argv[1:]:
+    run(json.loads(pathlib.Path(path).read_text()))
 
 
 if __name__ == "__main__":
