@@ -135,14 +135,13 @@ def test_feature_cache_equals_recompute_and_loss_falls(data, tmp_path):
   third = steps // 3  # one epoch
   assert len(losses) == steps and np.mean(losses[-third:]) < np.mean(losses[:third])
 
-  def global_run(name, **overrides):
+  def global_spec(name, **overrides):
     settings = dict(local_checkpoint=str(local), max_steps=0, micro_batch_size=2,
                     log_every_steps=1, tau_sim=0.3, delta=0.5)
     settings.update(overrides)
     spec = _spec(data, tmp_path / name, tmp_path / f"{name}.npz", config="global", **settings)
-    t0 = time.time()
-    _run(spec, 1, tmp_path / f"{name}.json")
-    return _params(tmp_path / f"{name}.npz"), time.time() - t0
+    (tmp_path / f"{name}.json").write_text(json.dumps(spec))
+    return tmp_path / f"{name}.json"
 
   # The global stage from tools/train.py too, with the tiny config's own optimizer settings:
   # the pairwise loss falls.
@@ -165,12 +164,21 @@ def test_feature_cache_equals_recompute_and_loss_falls(data, tmp_path):
 
   # Cached vs recomputed features: the same math, but the frozen encoder runs on differently
   # packed rows, so features differ by float rounding (~1e-7); compared under EQUALITY (see top).
-  cached, t_cached = global_run("g_cached", use_feature_cache=True)
-  recomputed, t_recomputed = global_run("g_recomputed", use_feature_cache=False)
+  # The three runs in one worker process (each builds its own trainer; start-up is shared).
+  names = ("g_cached", "g_recomputed", "g_init")
+  specs = [global_spec("g_cached", use_feature_cache=True),
+           global_spec("g_recomputed", use_feature_cache=False),
+           global_spec("g_init", learning_rate=0.0, max_steps=1)]
+  proc = subprocess.run([sys.executable, str(WORKER), *map(str, specs)], env=cpu_devices_env(1),
+                        capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  walls = [json.loads(l)["wall_s"] for l in proc.stdout.splitlines() if l.startswith('{"')]
+  assert len(walls) == 3, proc.stdout[-2000:]  # one summary line per run
+  cached, recomputed, init = (_params(tmp_path / f"{n}.npz") for n in names)
   _assert_close(cached, recomputed, 1e-5)
-  init, _ = global_run("g_init", learning_rate=0.0, max_steps=1)
   moved = max(float(np.abs(init[k] - cached[k]).max()) for k in init if not k.startswith("__"))
   assert moved > 100 * 1e-5
+  t_cached, t_recomputed = walls[:2]
   print(f"global stage wall time: cached {t_cached:.1f}s, recomputed {t_recomputed:.1f}s")
 
 

@@ -12,6 +12,7 @@ XLA_FLAGS (CPU device count) must be set by the caller: JAX reads it at start-up
 import json
 import pathlib
 import sys
+import time
 
 import jax
 import numpy as np
@@ -44,7 +45,9 @@ def run(spec):
     config.progress_bar = False
     for k, v in spec.get("overrides", {}).items():
       config[k] = v
+    t0 = time.perf_counter()
     summary = trainer.train_and_evaluate(config, spec["workdir"])
+    summary["wall_s"] = time.perf_counter() - t0
   finally:
     step_lib.jax.lax.pcast = pcast  # the next spec of this process gets the real step
   if jax.process_index() == 0 and spec.get("out"):
