@@ -5,8 +5,8 @@ Compilation cache.  XLA compilation is most of this suite's CPU time, and the sa
 compiled again and again by the tools and multi-device workers the tests run in subprocesses (six
 tiny training runs of one config, for instance). JAX's persistent cache, in one temporary folder
 per test run (created here, before anything imports JAX, removed when the run ends), lets every
-such process load an executable that another process of the run compiled before. It is passed on through
-JAX's own environment variables, so subprocesses and xdist workers inherit it. Entries are
+such process load an executable that another process of the run compiled before. It is passed on
+through JAX's own environment variables, so subprocesses and xdist workers inherit it. Entries are
 cached whatever their compile time (tiny models compile in well under JAX's default 1 s
 threshold), and a size limit turns on JAX's file lock, so two processes never read an entry
 another is writing. A run under an explicit `JAX_COMPILATION_CACHE_DIR` uses that folder and
@@ -20,8 +20,8 @@ for a tiny LoG's jitted init) and XLA CPU's older fusion code generator
 (`--xla_cpu_use_fusion_emitters=false`; with the cache change below, an eager tiny-LoG init went
 from 29.6 s to 14.7 s). Both change how XLA generates machine code, not the program: without
 fast-math neither may reassociate floating-point, and every tolerance here is a bound on rounding
-anyway. The flag is checked once in a
-throw-away process, because XLA aborts on a flag it does not know.
+anyway. The flag is checked once in a throw-away process, because XLA aborts on a flag it does
+not know.
 
 The persistent cache is on only in the processes the tests start (see the note where it is
 turned off below).
@@ -70,13 +70,14 @@ def _fast_compilation() -> None:
     return
   # XLA aborts the process on an unknown flag: check once, in a throw-away process, that this
   # jaxlib still has it (xdist workers inherit the result through the environment).
-  probe = subprocess.run([sys.executable, "-c", "import jax.numpy as j; j.zeros(1).block_until_ready()"],
-                         env=dict(os.environ, XLA_FLAGS=f"{flags} {_FAST_FLAG}".strip(),
-                                  JAX_PLATFORMS="cpu"),
-                         capture_output=True, timeout=120, check=False)
+  fast = f"{flags} {_FAST_FLAG}".strip()
+  probe = subprocess.run(
+      [sys.executable, "-c", "import jax.numpy as j; j.zeros(1).block_until_ready()"],
+      env=dict(os.environ, XLA_FLAGS=fast, JAX_PLATFORMS="cpu"), capture_output=True,
+      timeout=120, check=False)
   os.environ[_FAST_CHECKED] = "1"
   if probe.returncode == 0:
-    os.environ["XLA_FLAGS"] = f"{flags} {_FAST_FLAG}".strip()
+    os.environ["XLA_FLAGS"] = fast
 
 
 _test_run_compilation_cache()

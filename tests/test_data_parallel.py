@@ -7,7 +7,6 @@ twice) to prove that its bound catches that bug.
 """
 
 import json
-import os
 import pathlib
 import socket
 import subprocess
@@ -23,15 +22,11 @@ WORKERS = ROOT / "tests" / "workers"
 DEMO = ROOT / "logrerank_jax" / "demo_data"
 
 
-def _env(ndev):
-  return cpu_devices_env(ndev)
-
-
 # ----------------------------------------------------------------------------- toy model
 
 def _run_toy(mode, ndev, out):
   proc = subprocess.run([sys.executable, str(WORKERS / "dp_toy.py"), mode, str(ndev), str(out)],
-                        env=_env(ndev), capture_output=True, text=True, timeout=300)
+                        env=cpu_devices_env(ndev), capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   return dict(np.load(out))
 
@@ -118,7 +113,7 @@ def _run_logs(data, runs):
   start-up is shared); return name -> final params."""
   specs = [_log_spec(data, name, *args, **extra) for name, (args, extra) in runs.items()]
   cmd = [sys.executable, str(WORKERS / "train_worker.py"), *map(str, specs)]
-  proc = subprocess.run(cmd, env=_env(4), capture_output=True, text=True, timeout=900)
+  proc = subprocess.run(cmd, env=cpu_devices_env(4), capture_output=True, text=True, timeout=900)
   assert proc.returncode == 0, proc.stderr[-4000:]
   return {name: _load_npz(data / f"{name}.npz") for name in runs}
 
@@ -186,8 +181,8 @@ def _run_log_two_processes(log_data, mode):
     path = log_data / f"{mode}-2proc-{pid}.json"
     path.write_text(json.dumps(spec))
     procs.append(subprocess.Popen([sys.executable, str(WORKERS / "train_worker.py"), str(path)],
-                                  env=_env(2), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  text=True))
+                                  env=cpu_devices_env(2), stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True))
   for p in procs:
     _, err = p.communicate(timeout=600)
     assert p.returncode == 0, err[-4000:]

@@ -45,16 +45,13 @@ def setup(tmp_path_factory):
   return tmp, model, inp, records
 
 
-def _env(ndev):
-  return cpu_devices_env(ndev)
-
-
 def _worker(tmp, model, inp, ndev, name, **extra):
   spec = {"model": model, "input": str(inp), "out": str(tmp / f"{name}.json"),
           "kwargs": SETTINGS, **extra}
   (tmp / f"{name}.spec.json").write_text(json.dumps(spec))
   proc = subprocess.run([sys.executable, str(WORKER), str(tmp / f"{name}.spec.json")],
-                        env=_env(ndev), capture_output=True, text=True, timeout=600, cwd=ROOT)
+                        env=cpu_devices_env(ndev), capture_output=True, text=True, timeout=600,
+                        cwd=ROOT)
   assert proc.returncode == 0, proc.stderr[-3000:]
   return json.loads((tmp / f"{name}.json").read_text())
 
@@ -148,7 +145,7 @@ def _free_port():
 def _cli(args, ndev):
   return subprocess.Popen([sys.executable, str(TOOL), "--no-progress", "--no-compilation-cache",
                            "--row-len", "256", "--row-buckets", "4,8,12,16",
-                           "--queries-per-batch", "2", *args], env=_env(ndev), cwd=ROOT,
+                           "--queries-per-batch", "2", *args], env=cpu_devices_env(ndev), cwd=ROOT,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
