@@ -1,6 +1,9 @@
 """The dense prior of the local logit (`LocalScorerConfig.dense_prior`, NOT in the paper): off by
-default, exactly MLP + w * cos(h_q, h_s) when on, finite gradients at padding spans, saved and
-loaded with the model config (old configs without the field load as the paper's)."""
+default; when on, exactly MLP + w * cos(q, s), with q and s the joint sequence's pooled states
+("joint") or those of the query and the passage each encoded alone ("split", checked against
+the encoder run on them as separate sequences, for both encoder families); finite gradients at
+padding spans; saved and loaded with the model config (old configs without the fields load as
+they were trained)."""
 
 import dataclasses
 import json
@@ -14,7 +17,10 @@ from logrerank_jax.data.packing import PackingConfig, QueryInput, pack_queries
 from logrerank_jax.data.tokenization import train_wordpiece_tokenizer
 from logrerank_jax.errors import ConfigError
 from logrerank_jax.models import config_io
+from logrerank_jax.models import bert as mbert
+from logrerank_jax.models.bert import BertEncoder
 from logrerank_jax.models.local_scorer import LocalScorer, LocalScorerConfig
+from logrerank_jax.models.modernbert import ModernBertEncoder
 from logrerank_jax.models.log_reranker import LoGConfig
 
 PACK = PackingConfig(row_len=96, row_buckets=(4,), span_buckets=(32,), node_buckets=(16,),
@@ -40,7 +46,7 @@ def setup(scifact_records):
 def test_off_by_default_and_exactly_added_when_on(setup):
   base, args = setup
   assert base.dense_prior == 0.0 and not base.use_dense_prior
-  on = dataclasses.replace(base, dense_prior=7.5)
+  on = dataclasses.replace(base, dense_prior=7.5, dense_prior_encoding="joint")
   # Jitted: one XLA program per call instead of one per eager op (compile time is this file's cost).
   p_off = jax.jit(LocalScorer(base).init)(jax.random.PRNGKey(0), *args)["params"]
   p_on = jax.jit(LocalScorer(on).init)(jax.random.PRNGKey(0), *args)["params"]
@@ -56,6 +62,67 @@ def test_off_by_default_and_exactly_added_when_on(setup):
   # 1.19e-7 per op); 1e-5 absolute bounds it.
   np.testing.assert_allclose(np.asarray(out_on["local_logit"]), want, atol=1e-5)
   assert np.any(m > 0) and np.any(m == 0)  # sentence spans and padding/query spans both present
+
+
+def _standalone_cos(encoder, enc_params, args, bert: bool):
+  """Reference for the split prior: cut every packed sequence into its query side ([CLS] q
+  [SEP], the tokens before its first sentence token) and its passage side (the rest), run the
+  encoder on each as a sequence of its own (positions 0... and 1...; token type 0), mean-pool
+  each span's tokens there, and return {sentence span: cos(its query span, it)}."""
+  ids, _, seg, _, span_ids, span_kind, span_query = (np.asarray(a) for a in args)
+  pieces = []  # (token ids, span ids, first position)
+  for r in range(ids.shape[0]):
+    for k in sorted(set(seg[r][seg[r] > 0].tolist())):
+      cols = np.nonzero(seg[r] == k)[0]
+      is_sent = span_kind[span_ids[r, cols]] == 2
+      cut = int(np.argmax(is_sent)) if is_sent.any() else len(cols)
+      pieces.append((ids[r, cols[:cut]], span_ids[r, cols[:cut]], 0))
+      if cut < len(cols):
+        pieces.append((ids[r, cols[cut:]], span_ids[r, cols[cut:]], 1))
+  length = max(len(t) for t, _, _ in pieces)
+  rows = np.zeros((len(pieces), length), np.int32)
+  mask, pos, spans = np.zeros_like(rows), np.zeros_like(rows), np.zeros_like(rows)
+  for i, (t, sp, first) in enumerate(pieces):
+    rows[i, :len(t)], mask[i, :len(t)], spans[i, :len(t)] = t, 1, sp
+    pos[i, :len(t)] = np.arange(len(t)) + first
+  kwargs = dict(token_type_ids=np.zeros_like(rows)) if bert else {}
+  h = np.asarray(jax.jit(encoder.apply)({"params": enc_params}, rows, mask, segment_ids=mask,
+                                        position_ids=pos, **kwargs), np.float64)
+  pooled = {s: h[spans == s].mean(0) for s in np.unique(spans[spans > 0])}
+  cos = lambda a, b: float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))  # noqa: E731
+  return {s: cos(pooled[span_query[s]], pooled[s]) for s in pooled if span_kind[s] == 2}
+
+
+@pytest.mark.parametrize("family", ["modernbert", "bert"])
+def test_split_prior_is_the_bi_encoder_cosine(setup, family):
+  base, args = setup
+  if family == "bert":  # a tiny BERT with type embeddings: the split pass must use type 0
+    enc = mbert.BertConfig(vocab_size=base.encoder.vocab_size, hidden_size=32,
+                           intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                           max_position_embeddings=128, type_vocab_size=2)
+    base = dataclasses.replace(base, encoder=enc)
+  on = dataclasses.replace(base, dense_prior=3.0)
+  assert on.dense_prior_encoding == "split"
+  params = jax.jit(LocalScorer(on).init)(jax.random.PRNGKey(2), *args)["params"]
+  shared = {k: v for k, v in params.items() if k != "dense_prior_scale"}
+  out_on = jax.jit(LocalScorer(on).apply)({"params": params}, *args)
+  out_off = jax.jit(LocalScorer(base).apply)({"params": shared}, *args)
+  added = (np.asarray(out_on["local_logit"], np.float64)
+           - np.asarray(out_off["local_logit"], np.float64)) / 3.0
+  encoder = (BertEncoder if family == "bert" else ModernBertEncoder)(on.encoder)
+  want = _standalone_cos(encoder, params["encoder"], args, family == "bert")
+  assert len(want) >= 3
+  got = np.array([added[s] for s in sorted(want)])
+  ref = np.array([want[s] for s in sorted(want)])
+  # Packed vs standalone float32 encoders on O(1) states: a few 1e-7 relative (measured
+  # ~1e-7 on the cosine); the logit difference divides by w = 3 after a float32 subtraction of
+  # O(1) logits, so 1e-5 bounds it with margin. Sentences differ, so the check can fail.
+  np.testing.assert_allclose(got, ref, atol=1e-5)
+  assert np.ptp(ref) > 1e-3
+  # The joint cosine is something else: the split pass must not be a no-op.
+  h, hq = (np.asarray(out_on[k], np.float64) for k in ("h", "h_query"))
+  joint = np.array([h[s] @ hq[s] / (np.linalg.norm(h[s]) * np.linalg.norm(hq[s])) for s in sorted(want)])
+  assert np.abs(joint - ref).max() > 1e-3
 
 
 def test_gradients_are_finite_with_zero_padding_spans(setup):
@@ -75,7 +142,14 @@ def test_config_round_trip_and_old_configs(setup):
                             local=dataclasses.replace(base, dense_prior=20.0))
   d = config_io.log_config_to_dict(cfg)
   assert config_io.log_config_from_dict(json.loads(json.dumps(d))).local.dense_prior == 20.0
+  assert config_io.log_config_from_dict(d).local.dense_prior_encoding == "split"
+  # A model saved before dense_prior_encoding existed used the joint states: it loads so.
+  del d["log_config"]["local"]["dense_prior_encoding"]
+  old = config_io.log_config_from_dict(d).local
+  assert (old.dense_prior, old.dense_prior_encoding) == (20.0, "joint")
   del d["log_config"]["local"]["dense_prior"]  # a model saved before the field existed
   assert config_io.log_config_from_dict(d).local.dense_prior == 0.0
   with pytest.raises(ConfigError, match="dense_prior"):
     LocalScorerConfig(encoder=base.encoder, dense_prior=-1.0)
+  with pytest.raises(ConfigError, match="dense_prior_encoding"):
+    LocalScorerConfig(encoder=base.encoder, dense_prior=1.0, dense_prior_encoding="late")

@@ -34,12 +34,15 @@ reads token types: each packed sequence `[CLS] q [SEP] s_1 ... s_m [SEP]` gets 0
 types and is unchanged. A family with `type_vocab_size` 1 (RoBERTa) gets zeros.
 
 Dense prior (`LocalScorerConfig.dense_prior` > 0; NOT in the paper, off by default): the local
-logit gains w * cos(h_q, h_s), the cosine of the pooled query and sentence states of the joint
-sequence, w a learned scalar initialised to `dense_prior` (param `dense_prior_scale` [1]). An
-encoder that starts as a bi-encoder (all-MiniLM-L6-v2) already ranks by this cosine (zero-shot,
-best sentence per passage: README), and a head MLP on [h_q; h_s; g] cannot represent it; with
-the prior, training starts from it instead of from a random ranking. It reaches the graph
-through z_local, so inference needs nothing new.
+logit gains w * cos(q, s), w a learned scalar initialised to `dense_prior` (param
+`dense_prior_scale` [1]). With `dense_prior_encoding="split"` (the default) q and s are the
+pooled query and sentence states of a second pass of the same encoder over the same rows, in
+which each sequence's query and passage are separate attention segments (`split_query_passage`):
+the bi-encoder that an encoder like all-MiniLM-L6-v2 was trained as. `"joint"` takes them from
+the joint sequence (h_q, h_s) instead, which costs nothing but loses most of the bi-encoder's
+ranking (docs/DEMO.md). A head MLP on [h_q; h_s; g] cannot represent a cosine; with the prior,
+training starts from the bi-encoder's ranking instead of from a random one. It reaches the graph
+through z_local, so inference needs nothing new; "split" doubles the encoder's work.
 
 Ablations (flags of `LocalScorerConfig`):
   * `use_role_head=False` ("w/o role head"): the role MLP does not exist (no params); r is the
@@ -111,6 +114,8 @@ def encoder_config_from_hf(path_or_dict: Union[str, os.PathLike, Mapping[str, An
   hf = read_hf_config(path_or_dict)
   return ENCODER_FAMILIES[hf_encoder_family(hf)].from_hf(hf, **overrides)
 
+DENSE_PRIOR_ENCODINGS = ("split", "joint")
+
 # Per-span outputs that are scattered to graph nodes.
 NODE_OUTPUT_KEYS = ("h", "h_query", "role_logits", "role_probs", "intent_probs", "local_logit",
                     "local_score")
@@ -128,9 +133,13 @@ class LocalScorerConfig:
   use_role_head: bool = True
   use_intent_head: bool = True
   # NOT in the paper (default 0 = off, the paper's eq 5): a dense similarity prior in the local
-  # logit, l = MLP_local([h_q; h_s; g]) + w * cos(h_q, h_s), w a learned scalar initialised to
+  # logit, l = MLP_local([h_q; h_s; g]) + w * cos(q, s), w a learned scalar initialised to
   # this value (module docstring, "Dense prior").
   dense_prior: float = 0.0
+  # Where the prior's cosine comes from: "split" = a second pass of the same encoder in which
+  # query and passage are separate attention segments (a bi-encoder), "joint" = the pooled
+  # states of the joint sequence (h_q, h_s). Only read when dense_prior > 0.
+  dense_prior_encoding: str = "split"
 
   def __post_init__(self):
     for name in ("intent_hidden", "role_hidden", "g_dim", "local_hidden"):
@@ -140,6 +149,9 @@ class LocalScorerConfig:
       raise ConfigError(f"LocalScorerConfig.dropout must be in [0, 1), got {self.dropout}")
     if not np.isfinite(float(self.dense_prior)) or float(self.dense_prior) < 0:
       raise ConfigError(f"LocalScorerConfig.dense_prior must be >= 0, got {self.dense_prior}")
+    if self.dense_prior_encoding not in DENSE_PRIOR_ENCODINGS:
+      raise ConfigError(f"LocalScorerConfig.dense_prior_encoding must be one of "
+                        f"{DENSE_PRIOR_ENCODINGS}, got {self.dense_prior_encoding!r}")
     encoder_family(self.encoder)  # raises for an unknown encoder config type
 
   @property
@@ -216,6 +228,31 @@ def pair_token_types(span_ids, span_kind, segment_ids):
   return ((seen - before > 0) & (segment_ids > 0)).astype(jnp.int32)
 
 
+def split_query_passage(span_ids, span_kind, segment_ids, position_ids):
+  """Segments and positions that encode each packed sequence as a bi-encoder would.
+
+  Every sequence `[CLS] q [SEP] s_1 ... s_m [SEP]` becomes two attention segments: `[CLS] q
+  [SEP]` (positions unchanged, 0 ...) and `s_1 ... s_m [SEP]` (positions restarted at 1, the
+  slot after an absent `[CLS]`). Attention never crosses them, so the query's states are those
+  of the query encoded alone and the passage's those of the passage alone; the sentence spans
+  keep their tokens, so `pool_spans` pools them as before.
+
+  Args:
+    span_ids, segment_ids, position_ids: [R, L] int32 (contract C5).
+    span_kind: [S] int32.
+
+  Returns:
+    (segment_ids, position_ids), each [R, L] int32; padding keeps segment 0.
+  """
+  part = pair_token_types(span_ids, span_kind, segment_ids)  # 0 query side, 1 passage side
+  seg = jnp.where(segment_ids > 0, 2 * segment_ids + part, 0)
+  length = seg.shape[1]
+  pos = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), seg.shape)
+  boundary = jnp.concatenate([jnp.ones_like(seg[:, :1], bool), seg[:, 1:] != seg[:, :-1]], axis=1)
+  start = jax.lax.cummax(jnp.where(boundary, pos, 0), axis=1)  # first index of the new segment
+  return seg, jnp.where(part > 0, pos - start + 1, position_ids).astype(jnp.int32)
+
+
 class LocalScorer(nn.Module):
   """Encoder + span pooling + intent/role heads + local MLP (eq 1-6)."""
   cfg: LocalScorerConfig
@@ -239,16 +276,19 @@ class LocalScorer(nn.Module):
     """
     cfg = self.cfg
     num_spans = span_kind.shape[0]
-    if isinstance(cfg.encoder, BertConfig):
-      token_types = (pair_token_types(span_ids, span_kind, segment_ids)
-                     if cfg.encoder.type_vocab_size > 1 else jnp.zeros_like(input_ids))
-      hidden = BertEncoder(cfg.encoder, name="encoder")(
-          input_ids, attention_mask, token_type_ids=token_types, segment_ids=segment_ids,
-          position_ids=position_ids, deterministic=deterministic)  # [R, L, d]
-    else:
-      hidden = ModernBertEncoder(cfg.encoder, name="encoder")(
-          input_ids, attention_mask, segment_ids=segment_ids, position_ids=position_ids,
-          deterministic=deterministic)  # [R, L, d]
+    is_bert = isinstance(cfg.encoder, BertConfig)
+    encoder = (BertEncoder if is_bert else ModernBertEncoder)(cfg.encoder, name="encoder")
+
+    def encode(segments, positions, token_types):  # -> [R, L, d]
+      if is_bert:
+        return encoder(input_ids, attention_mask, token_type_ids=token_types,
+                       segment_ids=segments, position_ids=positions, deterministic=deterministic)
+      return encoder(input_ids, attention_mask, segment_ids=segments, position_ids=positions,
+                     deterministic=deterministic)
+
+    token_types = (pair_token_types(span_ids, span_kind, segment_ids)
+                   if is_bert and cfg.encoder.type_vocab_size > 1 else jnp.zeros_like(input_ids))
+    hidden = encode(segment_ids, position_ids, token_types)  # [R, L, d]
     pooled, _ = pool_spans(hidden, span_ids, num_spans)  # [S, d] float32
     is_sent = span_kind == SPAN_SENTENCE  # [S]
     q_idx = jnp.where(is_sent, span_query, 0)
@@ -277,10 +317,19 @@ class LocalScorer(nn.Module):
     if cfg.use_dense_prior:
       scale = self.param("dense_prior_scale",
                          lambda _, shape: jnp.full(shape, cfg.dense_prior, jnp.float32), (1,))
+      if cfg.dense_prior_encoding == "split":
+        # The same encoder (same params) once more, query and passage as separate segments
+        # and token type 0 throughout: the bi-encoder the checkpoint may have been trained as.
+        seg2, pos2 = split_query_passage(span_ids, span_kind, segment_ids, position_ids)
+        pooled2, _ = pool_spans(encode(seg2, pos2, jnp.zeros_like(input_ids)), span_ids,
+                                num_spans)  # [S, d]
+        p_s, p_q = pooled2, jnp.take(pooled2, q_idx, axis=0)
+      else:
+        p_s, p_q = h_s, h_q
       # Norms from clamped squared sums: padding spans hold zero vectors, and the gradient of
       # jnp.linalg.norm at 0 is NaN (0 * NaN survives a jnp.maximum).
       norm = lambda x: jnp.sqrt(jnp.maximum(jnp.sum(x * x, -1), 1e-12))  # noqa: E731
-      cos = jnp.sum(h_q * h_s, -1) / (norm(h_q) * norm(h_s))
+      cos = jnp.sum(p_q * p_s, -1) / (norm(p_q) * norm(p_s))
       logit = logit + scale[0] * cos  # [S]
 
     m = is_sent.astype(jnp.float32)

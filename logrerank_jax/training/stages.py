@@ -58,7 +58,8 @@ def build_model_config(config, vocab_size: int) -> lr.LoGConfig:
     raise ConfigError(f"config.dtype must be 'float32' or 'bfloat16', got {config.dtype!r}")
   encoder = cfg.local.encoder.replace(dtype=dtype)
   local = dataclasses.replace(cfg.local, encoder=encoder, dropout=config.dropout,
-                              dense_prior=float(config.get("dense_prior", 0.0)))
+                              dense_prior=float(config.get("dense_prior", 0.0)),
+                              dense_prior_encoding=config.get("dense_prior_encoding", "split"))
   gat = dataclasses.replace(cfg.graph_reranker, dropout=config.dropout, dtype=dtype)
   graph = dataclasses.replace(cfg.graph, k=config.graph_k, tau_sim=config.tau_sim,
                               delta=config.delta)
