@@ -54,8 +54,10 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   config.ablation = ""                   # one paper ablation name, e.g. "w/o role head"
   config.dtype = "float32"               # compute dtype: "float32" | "bfloat16" (params float32)
   config.dropout = 0.1                   # heads and GAT (paper); encoder dropouts from its config
-  config.dense_prior = 0.0               # NOT in the paper: > 0 adds w * cos(h_q, h_s) to the
+  config.dense_prior = 0.0               # NOT in the paper: > 0 adds w * cos(q, s) to the
                                          # local logit, w learned from this value (local_scorer.py)
+  config.dense_prior_encoding = "split"  # the cosine's states: "split" = a bi-encoder pass of the
+                                         # same encoder (2x encoder work), "joint" = h_q, h_s
   config.graph_k = 8                     # similarity top-k (global stage; kept for one model config)
   config.tau_sim = 0.75
   config.delta = 0.25
@@ -124,8 +126,25 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     config.init_checkpoint = minilm_path()  # encoder and tokenizer from the packaged folder
     # Evidence pools: paragraphs of PubMed abstracts, gold = the question's own result
     # paragraphs (tools/build_demo_data.py --unit paragraph; demo_data/paragraphs/README.md).
-    config.train_file = os.path.join(_DEMO, "paragraphs", "train.jsonl")
-    config.val_file = os.path.join(_DEMO, "paragraphs", "val.jsonl")
+    # Training: the first 80 evidence records (PubMedQA paragraphs, gold = the question's own
+    # result paragraphs) + 80 unlabelled PubMedQA BM25 pools ranked by the zero-shot MiniLM
+    # bi-encoder, learnt through a listwise KL (NOT in the paper; tools/build_distill_data.py
+    # builds demo_data/distill/). Evidence labels alone teach a task cue that does not carry to
+    # other questions (ScholarQA-CS nDCG@10 41.6, below BM25; docs/DEMO.md).
+    config.train_file = os.path.join(_DEMO, "distill", "train_mix.jsonl")
+    config.teacher_file = os.path.join(_DEMO, "distill", "teacher.jsonl")
+    config.distill_weight = 1.0
+    config.distill_temperature = 0.05      # teacher scores are cosines in [-1, 1]
+    # Validation (model selection) on 20 SciFact claim pools of 50 snippets: a task none of the
+    # training data is, so a score that can fall (demo_data/scifact_val/).
+    config.val_file = ""
+    config.val_pools = os.path.join(_DEMO, "scifact_val", "pools.jsonl")
+    config.val_qrels = os.path.join(_DEMO, "scifact_val", "pools.qrels")
+    # NOT in the paper: the local logit gains w * cos of a bi-encoder pass of the same encoder
+    # (local_scorer.py, "Dense prior"): MiniLM is a bi-encoder, and a joint cross-encoder built
+    # from it starts from a random ranking (docs/DEMO.md, probes X3 and P1).
+    config.dense_prior = 20.0
+    config.dense_prior_encoding = "split"
     config.max_seq_len = 256               # shorter rows; longer passages become windows
     config.max_query_tokens = 48
     config.num_epochs = 1

@@ -9,9 +9,11 @@ Writes, into --out (default logrerank_jax/demo_data/distill/):
                   top --passages paragraphs, never a paragraph of a validation or test abstract,
                   ranked by the teacher (`pubmed_adapter.build_teacher_records`)
   teacher.jsonl   {"id", "scores": {paragraph id: cosine}, "labelled"}: the teacher's scores of
-                  every passage of those records ("labelled": false) and of the evidence
-                  training records (--train; "labelled": true, their ranks stay gold)
-  train_mix.jsonl the evidence training records followed by the distillation records
+                  every passage of those records ("labelled": false), and with
+                  --teacher-on-train of the evidence records too ("labelled": true)
+  train_mix.jsonl the first --n-train evidence training records (--train) followed by the
+                  distillation records: the demo's training file (configs/local_stage.py:minilm)
+The defaults rebuild the shipped demo_data/distill/ byte for byte.
   manifest.json   source checksums, arguments, the source record of every query, counts
 The teacher is the zero-shot bi-encoder (`baselines.BiEncoder`, the same code and weights as
 the bi-encoder row of `tools/evaluate.py`): cosine of the question and the paragraph text (no
@@ -54,7 +56,12 @@ def main(argv=None) -> int:
   ap.add_argument("--train", default=os.path.join(DEMO, "paragraphs", "train.jsonl"),
                   help="evidence training records to score and mix in")
   ap.add_argument("--out", default=os.path.join(DEMO, "distill"))
-  ap.add_argument("--n-queries", type=int, default=200)
+  ap.add_argument("--n-train", type=int, default=80,
+                  help="the first N evidence training records go into train_mix (0 = all)")
+  ap.add_argument("--teacher-on-train", action="store_true",
+                  help="also score the evidence records (\"labelled\": true): the KL term then "
+                       "applies to them beside their gold losses; off in the demo's recipe")
+  ap.add_argument("--n-queries", type=int, default=80)
   ap.add_argument("--passages", type=int, default=10)
   ap.add_argument("--seed", type=int, default=13)
   args = ap.parse_args(argv)
@@ -74,6 +81,8 @@ def main(argv=None) -> int:
   teacher = baselines.BiEncoder.from_pretrained(args.bi_encoder)
   score = lambda q, texts: teacher.score(q, texts).tolist()  # noqa: E731
   train, _ = records_lib.validate_training_file(args.train)
+  if args.n_train:
+    train = train[:args.n_train]
   text_of = {p.id: p.text for p in pool.passages}
   # Embed every text once, in full batches (BiEncoder caches by text): scoring query by query
   # would run mostly-padding batches of one question and ten paragraphs.
@@ -86,7 +95,7 @@ def main(argv=None) -> int:
   gold_entries = [{"id": r.id, "labelled": True,
                    "scores": dict(zip([p.id for p in r.passages], score(
                        r.question, [text_of[p.id] for p in r.passages])))}
-                  for r in train]
+                  for r in train] if args.teacher_on_train else []
   os.makedirs(args.out, exist_ok=True)
   records_lib.write_training_file(os.path.join(args.out, "distill.jsonl"), recs)
   records_lib.write_training_file(os.path.join(args.out, "train_mix.jsonl"), list(train) + recs)
@@ -95,7 +104,8 @@ def main(argv=None) -> int:
       f.write(json.dumps(e) + "\n")
   manifest = {"source": os.path.basename(args.input), "source_sha256": _sha256(args.input),
               "evidence_train_sha256": _sha256(args.train),
-              "args": {"n_queries": args.n_queries, "passages": args.passages, "seed": args.seed},
+              "args": {"n_queries": args.n_queries, "passages": args.passages, "seed": args.seed,
+                       "n_train": args.n_train, "teacher_on_train": args.teacher_on_train},
               "teacher": "all-MiniLM-L6-v2 bi-encoder (baselines.BiEncoder), cosine, text only",
               "distill": {"queries": stats.queries, "passages": stats.passages,
                           "sentences": stats.sentences, "source_records": drawn,

