@@ -85,7 +85,7 @@ def test_passage_stage_trains_and_exports_a_cross_encoder_folder(minilm_path, tm
   lines = (DEMO / "train.jsonl").read_text().splitlines()[:2]
   (tmp_path / "train.jsonl").write_text("\n".join(lines) + "\n")
   cfg = _config("passage_stage", "minilm", train_file=str(tmp_path / "train.jsonl"),
-                val_file=str(tmp_path / "train.jsonl"), max_seq_len=64, max_steps=2,
+                val_file=str(tmp_path / "train.jsonl"), val_pools="", max_seq_len=64, max_steps=2,
                 progress_bar=False, init_checkpoint=minilm_path, cache_batch_queries=2)
   summary = trainer.train_and_evaluate(cfg, str(tmp_path / "passage"))
   assert set(summary["val"]) >= {"ndcg@10"}

@@ -442,3 +442,34 @@ def test_teacher_records_rank_by_the_teacher_and_ban_held_out_paragraphs(para_po
         [para_pool.passages[cands[k]].id for k in want]
     top = para_pool.index.top_k(para_pool.queries[qi]["query"], 6, exclude=sorted(banned))
     assert cands == top
+
+
+def test_shipped_distill_demo_data():
+  """The demo's training file (configs/local_stage.py:minilm): the first 80 evidence records,
+  then 80 teacher-ranked pools of questions in no evidence split, none holding a paragraph of a
+  validation or test abstract; the teacher file scores every passage of exactly those pools."""
+  distill = DEMO / "distill"
+  manifest = json.loads((distill / "manifest.json").read_text())
+  args = manifest["args"]
+  mix = R.validate_training_file(distill / "train_mix.jsonl")[0]
+  evidence = R.validate_training_file(PARAGRAPHS / "train.jsonl")[0]
+  n = args["n_train"]
+  assert [r.id for r in mix[:n]] == [r.id for r in evidence[:n]] and n == 80
+  pools = mix[n:]
+  assert len(pools) == args["n_queries"] == manifest["distill"]["queries"] == 80
+  assert [r.id for r in pools] == [r.id for r in R.validate_training_file(
+      distill / "distill.jsonl")[0]]
+  assert all(len(r.passages) == args["passages"] for r in pools)
+  splits = json.loads((PARAGRAPHS / "manifest.json").read_text())["splits"]
+  used = {f"pubmed_test:{q}" for s in splits.values() for q in s["source_records"]}
+  held_out = {f"pubmed_test:{q}" for name in ("val", "test") for q in splits[name]["source_records"]}
+  assert all(r.id.startswith("teacher:pubmed_test:") for r in pools)
+  assert not {r.id.split(":", 1)[1] for r in pools} & used
+  assert not {_abstract(p.id) for r in pools for p in r.passages} & held_out
+  teacher = [json.loads(line) for line in (distill / "teacher.jsonl").read_text().splitlines()]
+  assert [t["id"] for t in teacher] == [r.id for r in pools]
+  assert not any(t["labelled"] for t in teacher) and not args["teacher_on_train"]
+  for t, r in zip(teacher, pools):
+    assert set(t["scores"]) == {p.id for p in r.passages}
+    order = sorted(t["scores"], key=t["scores"].get, reverse=True)
+    assert order == [p.id for p in r.passages]  # the record's order is the teacher's ranking
