@@ -125,6 +125,28 @@ def test_split_prior_is_the_bi_encoder_cosine(setup, family):
   assert np.abs(joint - ref).max() > 1e-3
 
 
+def test_score_temperature_rescales_only_the_local_score(setup):
+  """z_local = sigmoid(l / T): the logit (losses, local ranking) is untouched; T = 1 (the
+  paper) is the default."""
+  base, args = setup
+  assert base.score_temperature == 1.0
+  hot = dataclasses.replace(base, dense_prior=20.0, score_temperature=4.0)
+  params = jax.jit(LocalScorer(hot).init)(jax.random.PRNGKey(3), *args)["params"]
+  out_hot = jax.jit(LocalScorer(hot).apply)({"params": params}, *args)
+  out_one = jax.jit(LocalScorer(dataclasses.replace(hot, score_temperature=1.0)).apply)(
+      {"params": params}, *args)
+  np.testing.assert_array_equal(np.asarray(out_hot["local_logit"]), np.asarray(out_one["local_logit"]))
+  m = np.asarray(out_hot["span_mask"])
+  logit = np.asarray(out_hot["local_logit"], np.float64)
+  # float32 sigmoid vs float64 on O(1) arguments: a few eps (1.2e-7); 1e-6 bounds it.
+  np.testing.assert_allclose(np.asarray(out_hot["local_score"]), m / (1 + np.exp(-logit / 4.0)),
+                             atol=1e-6)
+  np.testing.assert_allclose(np.asarray(out_one["local_score"]), m / (1 + np.exp(-logit)),
+                             atol=1e-6)
+  with pytest.raises(ConfigError, match="score_temperature"):
+    dataclasses.replace(base, score_temperature=0.0)
+
+
 def test_gradients_are_finite_with_zero_padding_spans(setup):
   base, args = setup
   cfg = dataclasses.replace(base, dense_prior=5.0)
@@ -145,8 +167,9 @@ def test_config_round_trip_and_old_configs(setup):
   assert config_io.log_config_from_dict(d).local.dense_prior_encoding == "split"
   # A model saved before dense_prior_encoding existed used the joint states: it loads so.
   del d["log_config"]["local"]["dense_prior_encoding"]
+  del d["log_config"]["local"]["score_temperature"]
   old = config_io.log_config_from_dict(d).local
-  assert (old.dense_prior, old.dense_prior_encoding) == (20.0, "joint")
+  assert (old.dense_prior, old.dense_prior_encoding, old.score_temperature) == (20.0, "joint", 1.0)
   del d["log_config"]["local"]["dense_prior"]  # a model saved before the field existed
   assert config_io.log_config_from_dict(d).local.dense_prior == 0.0
   with pytest.raises(ConfigError, match="dense_prior"):

@@ -151,7 +151,7 @@ def test_validation_on_pools_uses_their_qrels(data, local_run):
 def test_global_stage_with_teacher_and_pool_validation(data, local_run, tmp_path):
   config, _, work = local_run
   # One micro-batch of all three queries (two with teacher scores) per step.
-  g = _config("global", **_overrides(data, max_steps=2, micro_batch_size=4,
+  g = _config("global", **_overrides(data, max_steps=2, micro_batch_size=4, eval_every_steps=1,
                                      local_checkpoint=str(work), val_pools=config.val_pools,
                                      val_qrels=config.val_qrels, val_corpus=config.val_corpus))
   summary = trainer.train_and_evaluate(g, str(tmp_path / "global"))
@@ -159,6 +159,16 @@ def test_global_stage_with_teacher_and_pool_validation(data, local_run, tmp_path
   train = [r for r in log if r["event"] == "train"]
   assert train and all(np.isfinite(r["distill"]) and r["distill"] > 0 for r in train)
   assert 0.0 <= summary["val"]["ndcg@10"] <= 100.0
+  # The exported model's info names its checkpoint and carries that checkpoint's validation
+  # (the best one's), and the last validation apart.
+  vals = {r["step"]: {k: v for k, v in r.items() if k not in ("event", "step", "epoch")}
+          for r in log if r["event"] == "val"}
+  assert sorted(vals) == [1, 2]
+  info = json.loads((tmp_path / "global" / "model" / "info.json").read_text())
+  step = int(info["source"].rsplit(" ", 1)[1])
+  assert info["source"].startswith("best step") and info["val"] == vals[step] == summary["model_val"]
+  assert info["last_val"] == vals[2] == summary["val"]
+  assert vals[step]["ndcg@10"] == max(v["ndcg@10"] for v in vals.values())
 
 
 def test_refusals(data, tmp_path):

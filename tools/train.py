@@ -59,8 +59,8 @@ def main(argv):
   except LogRerankError as e:
     # One line naming what is wrong, never a bare traceback for bad input.
     raise SystemExit(f"error: {type(e).__name__}: {e}") from None
-  print(f"done: step {summary['step']}, loss {summary['loss']}, val {summary['val']}, "
-        f"model in {summary['model_dir']}")
+  print(f"done: step {summary['step']}, loss {summary['loss']}, last val {summary['val']}; "
+        f"model ({summary['model_source']}, val {summary['model_val']}) in {summary['model_dir']}")
 
 
 if __name__ == "__main__":

@@ -45,7 +45,8 @@ def log_config_to_dict(cfg: LoGConfig) -> Dict[str, Any]:
 # Fields added after models were saved without them, with the value those models were
 # trained with (the paper's setting; for dense_prior_encoding the only one there was then): a
 # file lacking one of these loads as before.
-ADDED_LATER = {LocalScorerConfig: {"dense_prior": 0.0, "dense_prior_encoding": "joint"}}
+ADDED_LATER = {LocalScorerConfig: {"dense_prior": 0.0, "dense_prior_encoding": "joint",
+                                    "score_temperature": 1.0}}
 
 
 def _build(cls, data: Dict[str, Any], where: str, nested: Dict[str, Any] = None):

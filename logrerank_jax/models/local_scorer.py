@@ -140,6 +140,12 @@ class LocalScorerConfig:
   # query and passage are separate attention segments (a bi-encoder), "joint" = the pooled
   # states of the joint sequence (h_q, h_s). Only read when dense_prior > 0.
   dense_prior_encoding: str = "split"
+  # NOT in the paper (default 1, the paper's z = sigmoid(l)): z_local = sigmoid(l / T), the local
+  # score the sentence graph (score-gap edges) and the GAT read. Only the scale at which the
+  # sigmoid reads the logit; the local logit, its losses and the local ranking are unchanged.
+  # A dense prior of weight w ~ 20 moves logits to 5-15, where sigmoid(l) is 1 to 5 decimals and
+  # the graph stage sees no ranking (docs/DEMO.md).
+  score_temperature: float = 1.0
 
   def __post_init__(self):
     for name in ("intent_hidden", "role_hidden", "g_dim", "local_hidden"):
@@ -149,6 +155,9 @@ class LocalScorerConfig:
       raise ConfigError(f"LocalScorerConfig.dropout must be in [0, 1), got {self.dropout}")
     if not np.isfinite(float(self.dense_prior)) or float(self.dense_prior) < 0:
       raise ConfigError(f"LocalScorerConfig.dense_prior must be >= 0, got {self.dense_prior}")
+    if not float(self.score_temperature) > 0 or not np.isfinite(float(self.score_temperature)):
+      raise ConfigError(f"LocalScorerConfig.score_temperature must be > 0, got "
+                        f"{self.score_temperature}")
     if self.dense_prior_encoding not in DENSE_PRIOR_ENCODINGS:
       raise ConfigError(f"LocalScorerConfig.dense_prior_encoding must be one of "
                         f"{DENSE_PRIOR_ENCODINGS}, got {self.dense_prior_encoding!r}")
@@ -340,7 +349,7 @@ class LocalScorer(nn.Module):
         "role_probs": role_probs * m[:, None],
         "intent_probs": intent_probs * m[:, None],
         "local_logit": logit * m,
-        "local_score": jax.nn.sigmoid(logit) * m,
+        "local_score": jax.nn.sigmoid(logit / cfg.score_temperature) * m,
         "span_mask": is_sent,
     }
     return out

@@ -59,7 +59,8 @@ def build_model_config(config, vocab_size: int) -> lr.LoGConfig:
   encoder = cfg.local.encoder.replace(dtype=dtype)
   local = dataclasses.replace(cfg.local, encoder=encoder, dropout=config.dropout,
                               dense_prior=float(config.get("dense_prior", 0.0)),
-                              dense_prior_encoding=config.get("dense_prior_encoding", "split"))
+                              dense_prior_encoding=config.get("dense_prior_encoding", "split"),
+                              score_temperature=float(config.get("score_temperature", 1.0)))
   gat = dataclasses.replace(cfg.graph_reranker, dropout=config.dropout, dtype=dtype)
   graph = dataclasses.replace(cfg.graph, k=config.graph_k, tau_sim=config.tau_sim,
                               delta=config.delta)
@@ -454,7 +455,10 @@ class GlobalStage:
     self.cache_info: Dict[str, Any] = {}
     self.fp_base: Optional[str] = None  # identifies the frozen model's cached features
     if config.use_feature_cache:
+      # The local config too: switches without params (e.g. score_temperature) change the
+      # cached features of the same params.
       self.fp_base = json.dumps({"local": fc.tree_digest(self.frozen_local),
+                                 "local_config": repr(self.cfg.local),
                                  "max_seq_len": config.max_seq_len,
                                  "max_query_tokens": config.max_query_tokens})
 

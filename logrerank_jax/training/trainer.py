@@ -136,8 +136,9 @@ def _guarded_save(ckpt: Checkpointer, step: int, save) -> None:
 
 
 def _last_logged(log_path: str):
-  """(last training loss, last validation metrics) in a run's metrics.jsonl ((None, {}) if none)."""
-  loss, val = None, {}
+  """(last training loss, last validation metrics, {step: validation metrics}) in a run's
+  metrics.jsonl ((None, {}, {}) if none)."""
+  loss, val, by_step = None, {}, {}
   if os.path.exists(log_path):
     with open(log_path, encoding="utf-8") as f:
       for line in f:
@@ -149,7 +150,8 @@ def _last_logged(log_path: str):
           loss = rec.get("loss")
         elif rec.get("event") == "val":
           val = {k: v for k, v in rec.items() if k not in ("event", "step", "epoch")}
-  return loss, val
+          by_step[rec.get("step")] = val
+  return loss, val, by_step
 
 
 def data_iterator(batches, num_mb: int, total_micro: int, seed: int, state=None):
@@ -286,7 +288,7 @@ def train_and_evaluate(config, workdir: str) -> Dict[str, Any]:
            "total_micro_steps": total_micro, "devices": num_shards, "processes": nproc,
            "prep_seconds": prep_seconds, "invalid_records_skipped": report.n_invalid, **cache_info})
     # A re-run of a finished (or resumed) run keeps what the earlier run measured.
-    last_loss, val = _last_logged(log_path)
+    last_loss, val, val_by_step = _last_logged(log_path)
     bar = tqdm(total=total_micro, initial=start, disable=not config.progress_bar or proc != 0,
                desc=f"{config.stage} stage", mininterval=2.0)
     window_t, window_tokens, window_units = time.time(), 0, 0
@@ -332,6 +334,7 @@ def train_and_evaluate(config, workdir: str) -> Dict[str, Any]:
                 "data_iterator": data.get_state()}
         if do_eval:
           val = eval_fn(host_state.params)
+          val_by_step[done] = val
           write({"event": "val", "step": done, "epoch": epoch, **val})
           _guarded_save(ckpt, done, lambda: ckpt.save_best(done, host_state, meta, val))
         if do_ckpt:
@@ -342,18 +345,22 @@ def train_and_evaluate(config, workdir: str) -> Dict[str, Any]:
     final_state = jax.device_get(take_state(dstate))
     export_params = final_state.params
     source = f"step {int(final_state.step)}"
+    model_val = val
     if ckpt.best is not None and ckpt.best.best_step() is not None:
       best_state, best_meta = ckpt.restore(final_state, best=True)
       export_params, source = best_state.params, f"best step {best_meta['step']}"
+      # The exported model's own validation, not the last one's (they differ when the last
+      # validation is not the best).
+      model_val = val_by_step.get(best_meta["step"], val)
     export_params = stage.export_params(export_params)
     model_dir = os.path.join(workdir, "model")
     if proc == 0:
       # The packer settings travel with the model so inference packs exactly as training did.
-      info = {"stage": config.stage, "source": source, "val": val,
+      info = {"stage": config.stage, "source": source, "val": model_val, "last_val": val,
               "packing": {"row_len": config.max_seq_len,
                           "max_query_tokens": config.max_query_tokens}}
       stage.save(model_dir, export_params, info)  # a LoG model folder, or the stage's own format
   write({"event": "end", "step": int(final_state.step), "loss": last_loss, "val": val})
   log.close()
-  return {"step": int(final_state.step), "loss": last_loss, "val": val, "model_dir": model_dir,
-          **cache_info}
+  return {"step": int(final_state.step), "loss": last_loss, "val": val, "model_val": model_val,
+          "model_source": source, "model_dir": model_dir, **cache_info}
