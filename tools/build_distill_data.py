@@ -13,8 +13,8 @@ Writes, into --out (default logrerank_jax/demo_data/distill/):
                   --teacher-on-train of the evidence records too ("labelled": true)
   train_mix.jsonl the first --n-train evidence training records (--train) followed by the
                   distillation records: the demo's training file (configs/local_stage.py:minilm)
-The defaults rebuild the shipped demo_data/distill/ byte for byte.
   manifest.json   source checksums, arguments, the source record of every query, counts
+The defaults rebuild the shipped demo_data/distill/ byte for byte.
 The teacher is the zero-shot bi-encoder (`baselines.BiEncoder`, the same code and weights as
 the bi-encoder row of `tools/evaluate.py`): cosine of the question and the paragraph text (no
 title: LoG never reads titles). Deterministic: questions come from numpy's PCG64 permutation

@@ -143,8 +143,9 @@ class LocalScorerConfig:
   # NOT in the paper (default 1, the paper's z = sigmoid(l)): z_local = sigmoid(l / T), the local
   # score the sentence graph (score-gap edges) and the GAT read. Only the scale at which the
   # sigmoid reads the logit; the local logit, its losses and the local ranking are unchanged.
-  # A dense prior of weight w ~ 20 moves logits to 5-15, where sigmoid(l) is 1 to 5 decimals and
-  # the graph stage sees no ranking (docs/DEMO.md).
+  # A dense prior of weight w ~ 20 moved the demo's logits to about 1-14 (median 6), where
+  # sigmoid(l) is above 0.999 for 43 % of sentences and the graph stage sees no ranking
+  # (docs/DEMO.md).
   score_temperature: float = 1.0
 
   def __post_init__(self):
@@ -210,6 +211,15 @@ def pool_spans(hidden, span_ids, num_spans: int):
   return pooled, counts
 
 
+def _segment_starts(segment_ids):
+  """(index of each token in its row, index of its segment's first token), both [R, L] int32;
+  a segment is a contiguous run of one `segment_ids` value."""
+  pos = jnp.broadcast_to(jnp.arange(segment_ids.shape[1], dtype=jnp.int32), segment_ids.shape)
+  boundary = jnp.concatenate([jnp.ones_like(segment_ids[:, :1], bool),
+                              segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
+  return pos, jax.lax.cummax(jnp.where(boundary, pos, 0), axis=1)
+
+
 def pair_token_types(span_ids, span_kind, segment_ids):
   """BERT sentence-pair token types of packed rows, derived from the span table.
 
@@ -226,13 +236,9 @@ def pair_token_types(span_ids, span_kind, segment_ids):
   Returns:
     [R, L] int32 token types in {0, 1}.
   """
-  length = span_ids.shape[1]
   is_sent = (jnp.take(span_kind, span_ids, mode="clip") == SPAN_SENTENCE).astype(jnp.int32)
   seen = jnp.cumsum(is_sent, axis=1)  # sentence tokens at or before each position  [R, L]
-  pos = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), span_ids.shape)
-  boundary = jnp.concatenate([jnp.ones_like(segment_ids[:, :1], bool),
-                              segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
-  start = jax.lax.cummax(jnp.where(boundary, pos, 0), axis=1)  # first index of the segment
+  _, start = _segment_starts(segment_ids)
   before = jnp.take_along_axis(seen - is_sent, start, axis=1)  # sentence tokens before it
   return ((seen - before > 0) & (segment_ids > 0)).astype(jnp.int32)
 
@@ -255,10 +261,7 @@ def split_query_passage(span_ids, span_kind, segment_ids, position_ids):
   """
   part = pair_token_types(span_ids, span_kind, segment_ids)  # 0 query side, 1 passage side
   seg = jnp.where(segment_ids > 0, 2 * segment_ids + part, 0)
-  length = seg.shape[1]
-  pos = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), seg.shape)
-  boundary = jnp.concatenate([jnp.ones_like(seg[:, :1], bool), seg[:, 1:] != seg[:, :-1]], axis=1)
-  start = jax.lax.cummax(jnp.where(boundary, pos, 0), axis=1)  # first index of the new segment
+  pos, start = _segment_starts(seg)
   return seg, jnp.where(part > 0, pos - start + 1, position_ids).astype(jnp.int32)
 
 
