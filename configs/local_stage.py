@@ -60,6 +60,8 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
                                          # same encoder (2x encoder work), "joint" = h_q, h_s
   config.score_temperature = 1.0         # NOT in the paper when != 1: z_local = sigmoid(l / T),
                                          # what the graph and GAT read (local_scorer.py)
+  config.global_residual = False         # NOT in the paper when True: global logit = local logit
+                                         # + the GAT's correction, which starts at 0 (graph_reranker.py)
   config.graph_k = 8                     # similarity top-k (global stage; kept for one model config)
   config.tau_sim = 0.75
   config.delta = 0.25

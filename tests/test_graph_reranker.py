@@ -405,3 +405,33 @@ def test_wrong_input_shape_raises_data_error():
     gr.GraphReranker(TINY).init(jax.random.PRNGKey(0), h[:, :5], r, z, graph)
   with pytest.raises(DataError, match="z_local"):
     gr.GraphReranker(TINY).init(jax.random.PRNGKey(0), h, r, z[:-1], graph)
+
+
+def test_residual_local_adds_local_logit_and_starts_at_it():
+  """residual_local (NOT in the paper): logit = l_local + MLP_global(x_L), output layer zero-init."""
+  cfg = dataclasses.replace(TINY, residual_local=True)
+  graph = make_graph(N, EDGES, VALID)
+  h, roles, z = make_inputs(cfg, 2 * N)
+  local_logit = jnp.asarray(np.random.default_rng(3).normal(scale=5.0, size=(2 * N,)), jnp.float32)
+  mask = np.asarray(graph.nodes["mask"])
+  # Same params, with and without the residual: the outputs differ by exactly l_local (valid
+  # nodes) - one float32 addition of O(5) values, <= 1 ulp(8) = 9.5e-7; bound 2e-6.
+  params = init_params(TINY)
+  plain = np.asarray(run(TINY, params, h, roles, z, graph))
+  resid = np.asarray(run(cfg, params, h, roles, z, graph, local_logit=local_logit))
+  np.testing.assert_allclose(resid, np.where(mask, plain + np.asarray(local_logit), 0.0), atol=2e-6)
+  # Flax init: the scorer's output layer is zero, so the global logit is the local logit exactly.
+  init = gr.GraphReranker(cfg).init(jax.random.PRNGKey(0), h, roles, z, graph,
+                                    local_logit=local_logit)["params"]
+  assert not np.any(np.asarray(init["scorer"]["out"]["kernel"]))
+  at_init = np.asarray(run(cfg, init, h, roles, z, graph, local_logit=local_logit))
+  np.testing.assert_array_equal(at_init, np.where(mask, np.asarray(local_logit), 0.0))
+  # ... and it can still learn: the output kernel gets a non-zero gradient at init.
+  grad = jax.grad(lambda p: jnp.sum(jitted(cfg)({"params": p}, h, roles, z, graph,
+                                                local_logit=local_logit) ** 2))(init)
+  assert np.any(np.abs(np.asarray(grad["scorer"]["out"]["kernel"])) > 0)
+  # The paper's model keeps a random output layer.
+  plain_init = gr.GraphReranker(TINY).init(jax.random.PRNGKey(0), h, roles, z, graph)["params"]
+  assert np.any(np.asarray(plain_init["scorer"]["out"]["kernel"]))
+  with pytest.raises(DataError, match="residual_local needs local_logit"):
+    run(cfg, params, h, roles, z, graph)

@@ -266,3 +266,27 @@ def test_compilation_cache_dir_is_private(tmp_path):
     assert jax.config.jax_compilation_cache_dir == path
   finally:
     jax.config.update("jax_compilation_cache_dir", before)
+
+
+def test_residual_global_score_reaches_the_serving_path(tmp_path, model_dir, pools):
+  """A residual global stage (GraphRerankerConfig.residual_local, not in the paper) with its
+  correction zeroed scores every sentence exactly as the local stage: the serving path carries
+  each node's local logit to the GAT (a lost logit would give sigmoid(0) = 0.5 everywhere)."""
+  import dataclasses
+  from logrerank_jax.models.model_folder import load_model, save_model
+  params, cfg, tok = load_model(model_dir)
+  cfg = dataclasses.replace(cfg, graph_reranker=dataclasses.replace(cfg.graph_reranker,
+                                                                    residual_local=True))
+  out_layer = params["global"]["scorer"]["out"]
+  out_layer["kernel"], out_layer["bias"] = (np.zeros_like(out_layer["kernel"]),
+                                            np.zeros_like(out_layer["bias"]))
+  save_model(str(tmp_path / "model"), params, cfg, tok)
+  outs = inference.Reranker.from_dir(str(tmp_path / "model"), packing=PACKING,
+                                     queries_per_batch=2).rerank_records(pools[:2])
+  for out, rec in zip(outs, pools[:2]):
+    check_output(out, rec)
+    for r in out["ranked_sentences"]:
+      # sigmoid(l) from the local stage's float32 logit vs from the same logit passed through
+      # the GAT's float32 add of 0: equal to 1e-7 (ulp of values < 1 is <= 6e-8).
+      assert abs(r["global_score"] - r["local_score"]) <= 1e-7, r
+    assert len({round(r["local_score"], 6) for r in out["ranked_sentences"]}) > 3

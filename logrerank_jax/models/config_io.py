@@ -46,7 +46,8 @@ def log_config_to_dict(cfg: LoGConfig) -> Dict[str, Any]:
 # trained with (the paper's setting; for dense_prior_encoding the only one there was then): a
 # file lacking one of these loads as before.
 ADDED_LATER = {LocalScorerConfig: {"dense_prior": 0.0, "dense_prior_encoding": "joint",
-                                    "score_temperature": 1.0}}
+                                    "score_temperature": 1.0},
+               GraphRerankerConfig: {"residual_local": False}}
 
 
 def _build(cls, data: Dict[str, Any], where: str, nested: Dict[str, Any] = None):

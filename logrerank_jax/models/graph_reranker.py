@@ -79,6 +79,12 @@ class GraphRerankerConfig:
   dtype: Any = jnp.float32         # compute dtype of the projections; scores stay float32
   use_edge_types: bool = True      # ablation "w/o edge types": one shared relation
   receivers_sorted: bool = True    # C3 sorts edges by receiver; enables sorted segment ops
+  # NOT in the paper (default False, the paper's logit = MLP_global(x_L)): the global logit is
+  # the local logit plus the GAT's correction, logit = l_local + MLP_global(x_L), with the
+  # scorer's output layer initialised to zero, so training starts from the local ranking
+  # instead of relearning it from z_local = sigmoid(l), which saturates under a dense prior
+  # (docs/DEMO.md). No extra parameters; the caller passes `local_logit`.
+  residual_local: bool = False
 
   def __post_init__(self):
     for key in ("d_enc", "d_model", "num_layers", "num_heads", "num_edge_types",
@@ -234,7 +240,8 @@ class NodeInit(nn.Module):
 
 
 class GlobalScorer(nn.Module):
-  """Eq 15: MLP_global(x_L) -> one float32 logit per node."""
+  """Eq 15: MLP_global(x_L) -> one float32 logit per node (a zero-initialised output layer
+  under `residual_local`, so the correction starts at exactly 0)."""
 
   cfg: GraphRerankerConfig
 
@@ -246,7 +253,8 @@ class GlobalScorer(nn.Module):
     y = nn.gelu(y, approximate=False)
     y = nn.Dropout(cfg.dropout)(y, deterministic=deterministic)
     # The last layer runs in float32: bf16 logits would collapse close scores into ties.
-    return nn.Dense(1, dtype=jnp.float32, name="out")(y.astype(jnp.float32))[:, 0]
+    init = nn.initializers.zeros if cfg.residual_local else nn.initializers.lecun_normal()
+    return nn.Dense(1, dtype=jnp.float32, kernel_init=init, name="out")(y.astype(jnp.float32))[:, 0]
 
 
 class GraphReranker(nn.Module):
@@ -255,7 +263,8 @@ class GraphReranker(nn.Module):
   cfg: GraphRerankerConfig
 
   @nn.compact
-  def __call__(self, h, role_probs, z_local, graph: jraph.GraphsTuple, deterministic=True):
+  def __call__(self, h, role_probs, z_local, graph: jraph.GraphsTuple, deterministic=True,
+               local_logit=None):
     """Score every node of a batched sentence graph.
 
     Args:
@@ -265,6 +274,8 @@ class GraphReranker(nn.Module):
       graph: C3 `GraphsTuple` with `nodes["mask"]` bool [Q*N], `edges["type"]` int32 [E],
         `edges["mask"]` bool [E]; `receivers` sorted when `cfg.receivers_sorted`.
       deterministic: disable dropout; pass rngs={"dropout": key} when False.
+      local_logit: [Q*N] local logits; required with `cfg.residual_local` (added to the
+        scorer's output; `init` may omit it), ignored otherwise.
 
     Returns:
       float32 [Q*N] global logits (z_global = sigmoid); exactly 0 at padding nodes.
@@ -279,6 +290,12 @@ class GraphReranker(nn.Module):
                       f"expected ({num_nodes}, {NUM_ROLES})")
     if z_local.shape != (num_nodes,):
       raise DataError(f"GraphReranker: z_local has shape {tuple(z_local.shape)}, expected ({num_nodes},)")
+    if cfg.residual_local and local_logit is None and self.is_initializing():
+      local_logit = jnp.zeros((num_nodes,), jnp.float32)  # params do not depend on its values
+    if cfg.residual_local and (local_logit is None or local_logit.shape != (num_nodes,)):
+      got = None if local_logit is None else tuple(local_logit.shape)
+      raise DataError(f"GraphReranker: residual_local needs local_logit of shape ({num_nodes},), "
+                      f"got {got}")
     senders = jnp.asarray(graph.senders, jnp.int32)  # [E]
     receivers = jnp.asarray(graph.receivers, jnp.int32)  # [E]
     edge_mask = jnp.asarray(graph.edges["mask"], bool)  # [E]
@@ -303,6 +320,8 @@ class GraphReranker(nn.Module):
       x = GraphLayer(cfg, name=f"layers_{i}")(x, senders, receivers, edge_type, edge_mask,
                                               deterministic=deterministic)
     logits = GlobalScorer(cfg, name="scorer")(x, deterministic=deterministic)  # [N] float32
+    if cfg.residual_local:
+      logits = logits + jnp.where(node_mask, local_logit, 0.0).astype(jnp.float32)
     return jnp.where(node_mask, logits, 0.0)
 
 

@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from logrerank_jax.errors import ConfigError
+from logrerank_jax.errors import ConfigError, DataError
 from logrerank_jax.graph.build import GraphBuildConfig, build_sentence_graph
 from logrerank_jax.models.graph_reranker import GraphReranker, GraphRerankerConfig
 from logrerank_jax.models.local_scorer import (LocalScorer, LocalScorerConfig,
@@ -321,7 +321,8 @@ class LoGReranker(nn.Module):
 
     Args:
       features: local outputs [Q, N, ...] with at least `h`, `role_probs`, `local_score` (from
-        `local_nodes`, or read back from the feature cache).
+        `local_nodes`, or read back from the feature cache), and `local_logit` when the GAT's
+        `residual_local` is on.
       node_passage: [Q, N] int32 passage index of each node (-1 padding).
       node_mask: [Q, N] bool.
       deterministic: False enables dropout (needs a "dropout" rng).
@@ -332,8 +333,13 @@ class LoGReranker(nn.Module):
     q, n = node_mask.shape
     h, roles, z = features["h"], features["role_probs"], features["local_score"]
     graph = self.sentence_graph(features, node_passage, node_mask)
+    residual = self.cfg.graph_reranker_config.residual_local
+    if residual and "local_logit" not in features:
+      raise DataError("global_logits: the model's residual_local global score needs "
+                      "features['local_logit']")
+    local_logit = features["local_logit"].reshape(q * n) if residual else None
     logit = self.gat(h.reshape(q * n, -1), roles.reshape(q * n, NUM_ROLES), z.reshape(q * n),
-                     graph, deterministic=deterministic)
+                     graph, deterministic=deterministic, local_logit=local_logit)
     logit = jnp.where(node_mask, logit.astype(jnp.float32).reshape(q, n), 0.0)
     return logit, graph
 

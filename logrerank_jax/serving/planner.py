@@ -88,6 +88,7 @@ def global_arrays(size: int, n: int, d: int) -> dict:
   return {"h": np.zeros((size, n, d), np.float32),
           "role_probs": np.zeros((size, n, NUM_ROLES), np.float32),
           "local_score": np.zeros((size, n), np.float32),
+          "local_logit": np.zeros((size, n), np.float32),
           "node_passage": np.full((size, n), -1, np.int32),
           "node_mask": np.zeros((size, n), bool)}
 
@@ -293,7 +294,8 @@ class Planner:
     """Group whole query graphs into global-stage calls of `queries_per_batch` queries.
 
     Args:
-      nodes: per record, its sentence nodes `(passage, sentence, h, role_probs, local_score)`;
+      nodes: per record, its sentence nodes
+        `(passage, sentence, h, role_probs, local_score, local_logit)`;
         sorted in place into passage order (as one joint packing would give them).
 
     Returns:
@@ -311,8 +313,9 @@ class Planner:
       n = bucket_size(n_max, grown_buckets(self.packing.node_buckets, n_max), "node_buckets")
       feats = global_arrays(size, n, d)
       for q, ri in enumerate(group):
-        for j, (pi, _, h, roles, z) in enumerate(nodes[ri]):
+        for j, (pi, _, h, roles, z, logit) in enumerate(nodes[ri]):
           feats["h"][q, j], feats["role_probs"][q, j], feats["local_score"][q, j] = h, roles, z
+          feats["local_logit"][q, j] = logit
           feats["node_passage"][q, j] = pi
         feats["node_mask"][q, :len(nodes[ri])] = True
       jobs.append((feats, (group, feats)))

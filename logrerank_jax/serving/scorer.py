@@ -35,7 +35,7 @@ def score_group(engine: Engine, planner: Planner, records: Sequence[InferenceRec
   Raises:
     LogRerankError: the group cannot be scored (e.g. out of device memory).
   """
-  nodes: List[List[tuple]] = [[] for _ in records]   # per record: (pi, si, h, roles, z)
+  nodes: List[List[tuple]] = [[] for _ in records]   # per record: (pi, si, h, roles, z, logit)
   windows = [dict() for _ in records]                # per record: pi -> (windows, trunc, empty)
   truncated_q = [False] * len(records)
   if jobs is None:
@@ -49,17 +49,17 @@ def score_group(engine: Engine, planner: Planner, records: Sequence[InferenceRec
         # node n of a slot is its n-th sentence in passage order (packer contract)
         lp = int(node_passage[slot, ni])
         nodes[ri].append((pis[lp], out["h"][slot, ni], out["role_probs"][slot, ni],
-                          float(out["local_score"][slot, ni])))
+                          float(out["local_score"][slot, ni]), float(out["local_logit"][slot, ni])))
       for lp, pinfo in zip(pis, planner.passage_info_of(records[ri], pis, info.passages[slot])):
         windows[ri][lp] = pinfo
   # Sentence index of each node: a passage's nodes are its sentences in order, all in one
   # slot (packer contract), so counting them per passage recovers the index.
   for ri in range(len(records)):
     fixed, seen = [], {}
-    for pi, h, roles, z in nodes[ri]:
+    for pi, h, roles, z, logit in nodes[ri]:
       si = seen.get(pi, 0)
       seen[pi] = si + 1
-      fixed.append((pi, si, h, roles, z))
+      fixed.append((pi, si, h, roles, z, logit))
     nodes[ri] = fixed
   size = planner.queries_per_batch
   use_global = engine.cfg.use_global

@@ -105,15 +105,15 @@ def feature_batch(items: Sequence[Dict[str, np.ndarray]], q: int, n: int) -> Dic
   d = items[0]["h"].shape[-1] if items else 1
   out = {"h": np.zeros((q, n, d), np.float32),
          "role_probs": np.zeros((q, n, NUM_ROLES), np.float32),
-         "local_score": np.zeros((q, n), np.float32),
+         "local_score": np.zeros((q, n), np.float32), "local_logit": np.zeros((q, n), np.float32),
          "node_passage": np.full((q, n), -1, np.int32), "node_mask": np.zeros((q, n), bool),
          "sentence_rank": np.zeros((q, n), np.int32), "passage_rank": np.zeros((q, n), np.int32),
          "passage_teacher": np.zeros((q, n), np.float32), "has_teacher": np.zeros((q, n), bool),
          "gold_labels": np.zeros((q, n), bool)}
   for qi, it in enumerate(items):
     m = len(it["local_score"])
-    for k in ("h", "role_probs", "local_score", "node_passage", "sentence_rank", "passage_rank",
-              "passage_teacher", "has_teacher"):
+    for k in ("h", "role_probs", "local_score", "local_logit", "node_passage", "sentence_rank",
+              "passage_rank", "passage_teacher", "has_teacher"):
       if k in it:
         out[k][qi, :m] = it[k]
     out["gold_labels"][qi, :m] = it["gold_labels"] if "gold_labels" in it else True

@@ -61,7 +61,8 @@ def build_model_config(config, vocab_size: int) -> lr.LoGConfig:
                               dense_prior=float(config.get("dense_prior", 0.0)),
                               dense_prior_encoding=config.get("dense_prior_encoding", "split"),
                               score_temperature=float(config.get("score_temperature", 1.0)))
-  gat = dataclasses.replace(cfg.graph_reranker, dropout=config.dropout, dtype=dtype)
+  gat = dataclasses.replace(cfg.graph_reranker, dropout=config.dropout, dtype=dtype,
+                            residual_local=bool(config.get("global_residual", False)))
   graph = dataclasses.replace(cfg.graph, k=config.graph_k, tau_sim=config.tau_sim,
                               delta=config.delta)
   cfg = dataclasses.replace(cfg, local=local, graph_reranker=gat, graph=graph,
