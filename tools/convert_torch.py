@@ -91,7 +91,8 @@ def write_atomically(output: str, fill: Callable[[str], None], overwrite: bool =
 
 
 def _save_tokenizer(tokenizer_dir: Optional[str], fallback: Optional[str], dest: str):
-  """Copy a HF tokenizer (loaded with transformers) into `dest`; return it, or None if absent."""
+  """Copy a HF tokenizer (`load_tokenizer`: the same ids as transformers) into `dest`; return it,
+  or None if absent."""
   from logrerank_jax.data.tokenization import load_tokenizer
   src = tokenizer_dir or fallback
   if src is None:

@@ -302,7 +302,8 @@ def pack_queries(queries: Sequence[QueryInput], tokenizer,
 
   Args:
     queries: list of `QueryInput` (sentences per passage, already split).
-    tokenizer: a `transformers.PreTrainedTokenizerFast` with CLS/SEP/PAD/UNK tokens.
+    tokenizer: a `tokenization.FastTokenizer` (or a transformers fast tokenizer) with
+      CLS/SEP/PAD/UNK tokens.
     cfg: packing configuration (default `PackingConfig()`).
 
   Returns:
