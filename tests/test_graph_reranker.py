@@ -435,3 +435,33 @@ def test_residual_local_adds_local_logit_and_starts_at_it():
   assert np.any(np.asarray(plain_init["scorer"]["out"]["kernel"]))
   with pytest.raises(DataError, match="residual_local needs local_logit"):
     run(cfg, params, h, roles, z, graph)
+
+
+def test_log_reranker_leaves_the_local_logit_check_to_the_gat():
+  """LoGReranker.global_logits hands features['local_logit'] (or None) to GraphReranker, whose
+  check alone refuses a residual_local model without it: one DataError naming local_logit, and
+  `init` (which needs no logit values) works without one, as GraphReranker's own does."""
+  from logrerank_jax.models.log_reranker import LoGConfig, LoGReranker
+  tiny = LoGConfig.tiny()
+  cfg = dataclasses.replace(tiny, graph_reranker=dataclasses.replace(tiny.graph_reranker,
+                                                                     residual_local=True))
+  q, n = 2, 5
+  h, roles, z = make_inputs(cfg.graph_reranker, q * n)
+  feats = {"h": h.reshape(q, n, -1), "role_probs": roles.reshape(q, n, -1),
+           "local_score": z.reshape(q, n)}
+  node_passage = jnp.asarray(np.repeat([[0, 0, 1, 1, -1]], q, axis=0), jnp.int32)
+  node_mask = node_passage >= 0
+  model = LoGReranker(cfg)
+  params = model.init(jax.random.PRNGKey(0), feats, node_passage, node_mask,
+                      method=LoGReranker.global_logits)["params"]
+  with pytest.raises(DataError) as e:
+    model.apply({"params": params}, feats, node_passage, node_mask,
+                method=LoGReranker.global_logits)
+  # The first line is the library's (JAX may append a note on traceback filtering below it).
+  assert str(e.value).splitlines()[0] == ("GraphReranker: residual_local needs local_logit of "
+                                          "shape (10,), got None")
+  # With the logits, the zero-initialised correction leaves exactly the local logit.
+  local_logit = jnp.asarray(np.random.default_rng(1).normal(size=(q, n)), jnp.float32)
+  logit, _ = model.apply({"params": params}, dict(feats, local_logit=local_logit), node_passage,
+                         node_mask, method=LoGReranker.global_logits)
+  np.testing.assert_array_equal(np.asarray(logit), np.where(node_mask, local_logit, 0.0))

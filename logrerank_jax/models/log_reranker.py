@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from logrerank_jax.errors import ConfigError, DataError
+from logrerank_jax.errors import ConfigError
 from logrerank_jax.graph.build import GraphBuildConfig, build_sentence_graph
 from logrerank_jax.models.graph_reranker import GraphReranker, GraphRerankerConfig
 from logrerank_jax.models.local_scorer import (LocalScorer, LocalScorerConfig,
@@ -322,7 +322,7 @@ class LoGReranker(nn.Module):
     Args:
       features: local outputs [Q, N, ...] with at least `h`, `role_probs`, `local_score` (from
         `local_nodes`, or read back from the feature cache), and `local_logit` when the GAT's
-        `residual_local` is on.
+        `residual_local` is on (else GraphReranker raises DataError; `init` may omit it).
       node_passage: [Q, N] int32 passage index of each node (-1 padding).
       node_mask: [Q, N] bool.
       deterministic: False enables dropout (needs a "dropout" rng).
@@ -333,11 +333,10 @@ class LoGReranker(nn.Module):
     q, n = node_mask.shape
     h, roles, z = features["h"], features["role_probs"], features["local_score"]
     graph = self.sentence_graph(features, node_passage, node_mask)
-    residual = self.cfg.graph_reranker_config.residual_local
-    if residual and "local_logit" not in features:
-      raise DataError("global_logits: the model's residual_local global score needs "
-                      "features['local_logit']")
-    local_logit = features["local_logit"].reshape(q * n) if residual else None
+    # GraphReranker alone checks that a residual_local model got its local logits.
+    local_logit = features.get("local_logit")
+    if local_logit is not None:
+      local_logit = local_logit.reshape(q * n)
     logit = self.gat(h.reshape(q * n, -1), roles.reshape(q * n, NUM_ROLES), z.reshape(q * n),
                      graph, deterministic=deterministic, local_logit=local_logit)
     logit = jnp.where(node_mask, logit.astype(jnp.float32).reshape(q, n), 0.0)
