@@ -58,6 +58,10 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
                                          # local logit, w learned from this value (local_scorer.py)
   config.dense_prior_encoding = "split"  # the cosine's states: "split" = a bi-encoder pass of the
                                          # same encoder (2x encoder work), "joint" = h_q, h_s
+  config.dense_prior_pooling = "sentence"  # split only: "sentence" = cos(query, sentence) means;
+                                         # "passage" = cos of whole-segment means (the
+                                         # bi-encoder's pooling), the same for a passage's sentences
+  config.dense_prior_gradient = True     # split only: False = the prior's pass is a stop-gradient
   config.score_temperature = 1.0         # NOT in the paper when != 1: z_local = sigmoid(l / T),
                                          # what the graph and GAT read (local_scorer.py)
   config.global_residual = False         # NOT in the paper when True: global logit = local logit
@@ -149,6 +153,11 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     # from it starts from a random ranking (docs/DEMO.md, probes X3 and P1).
     config.dense_prior = 20.0
     config.dense_prior_encoding = "split"
+    # The bi-encoder's own pooling (whole query and passage segments), so the prior starts at the
+    # zero-shot bi-encoder's passage ranking, and no gradient through the prior's pass, so the
+    # evidence task bends it only through the shared layers (docs/DEMO.md, probe R1).
+    config.dense_prior_pooling = "passage"
+    config.dense_prior_gradient = False
     config.max_seq_len = 256               # shorter rows; longer passages become windows
     config.max_query_tokens = 48
     config.num_epochs = 1

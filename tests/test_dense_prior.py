@@ -43,6 +43,18 @@ def setup(scifact_records):
   return base, args
 
 
+@pytest.fixture(scope="module")
+def short_setup(setup, scifact_records):
+  """`setup`'s model config, packed from shorter sentences: a passage of two sentences fits one
+  window (in `setup` each long claim gets a window of its own)."""
+  tok = train_wordpiece_tokenizer([r["input"] for r in scifact_records], vocab_size=800)
+  short = lambda i: " ".join(scifact_records[i]["input"].split()[:8])  # noqa: E731
+  q = QueryInput(short(0), [[short(1), short(2), short(3)], [short(4)], [short(5), short(0)]])
+  batch, _ = pack_queries([q], tok, PACK)
+  return dataclasses.replace(setup[0], encoder=dataclasses.replace(
+      setup[0].encoder, vocab_size=len(tok))), [jnp.asarray(getattr(batch, k)) for k in ARGS]
+
+
 def test_off_by_default_and_exactly_added_when_on(setup):
   base, args = setup
   assert base.dense_prior == 0.0 and not base.use_dense_prior
@@ -64,11 +76,12 @@ def test_off_by_default_and_exactly_added_when_on(setup):
   assert np.any(m > 0) and np.any(m == 0)  # sentence spans and padding/query spans both present
 
 
-def _standalone_cos(encoder, enc_params, args, bert: bool):
+def _standalone_cos(encoder, enc_params, args, bert: bool, passage: bool = False):
   """Reference for the split prior: cut every packed sequence into its query side ([CLS] q
   [SEP], the tokens before its first sentence token) and its passage side (the rest), run the
   encoder on each as a sequence of its own (positions 0... and 1...; token type 0), mean-pool
-  each span's tokens there, and return {sentence span: cos(its query span, it)}."""
+  each span's tokens there (`passage`: every token of the span's piece, as a bi-encoder pools),
+  and return {sentence span: cos(its query span, it)}."""
   ids, _, seg, _, span_ids, span_kind, span_query = (np.asarray(a) for a in args)
   pieces = []  # (token ids, span ids, first position)
   for r in range(ids.shape[0]):
@@ -88,20 +101,25 @@ def _standalone_cos(encoder, enc_params, args, bert: bool):
   kwargs = dict(token_type_ids=np.zeros_like(rows)) if bert else {}
   h = np.asarray(jax.jit(encoder.apply)({"params": enc_params}, rows, mask, segment_ids=mask,
                                         position_ids=pos, **kwargs), np.float64)
-  pooled = {s: h[spans == s].mean(0) for s in np.unique(spans[spans > 0])}
+  if passage:
+    pooled = {s: h[i, mask[i] > 0].mean(0) for i in range(len(pieces))
+              for s in np.unique(spans[i][spans[i] > 0])}
+  else:
+    pooled = {s: h[spans == s].mean(0) for s in np.unique(spans[spans > 0])}
   cos = lambda a, b: float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))  # noqa: E731
   return {s: cos(pooled[span_query[s]], pooled[s]) for s in pooled if span_kind[s] == 2}
 
 
-@pytest.mark.parametrize("family", ["modernbert", "bert"])
-def test_split_prior_is_the_bi_encoder_cosine(setup, family):
-  base, args = setup
+@pytest.mark.parametrize("family,pooling", [("modernbert", "sentence"), ("bert", "sentence"),
+                                            ("bert", "passage")])
+def test_split_prior_is_the_bi_encoder_cosine(setup, short_setup, family, pooling):
+  base, args = short_setup if pooling == "passage" else setup
   if family == "bert":  # a tiny BERT with type embeddings: the split pass must use type 0
     enc = mbert.BertConfig(vocab_size=base.encoder.vocab_size, hidden_size=32,
                            intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
                            max_position_embeddings=128, type_vocab_size=2)
     base = dataclasses.replace(base, encoder=enc)
-  on = dataclasses.replace(base, dense_prior=3.0)
+  on = dataclasses.replace(base, dense_prior=3.0, dense_prior_pooling=pooling)
   assert on.dense_prior_encoding == "split"
   params = jax.jit(LocalScorer(on).init)(jax.random.PRNGKey(2), *args)["params"]
   shared = {k: v for k, v in params.items() if k != "dense_prior_scale"}
@@ -110,7 +128,7 @@ def test_split_prior_is_the_bi_encoder_cosine(setup, family):
   added = (np.asarray(out_on["local_logit"], np.float64)
            - np.asarray(out_off["local_logit"], np.float64)) / 3.0
   encoder = (BertEncoder if family == "bert" else ModernBertEncoder)(on.encoder)
-  want = _standalone_cos(encoder, params["encoder"], args, family == "bert")
+  want = _standalone_cos(encoder, params["encoder"], args, family == "bert", pooling == "passage")
   assert len(want) >= 3
   got = np.array([added[s] for s in sorted(want)])
   ref = np.array([want[s] for s in sorted(want)])
@@ -123,6 +141,10 @@ def test_split_prior_is_the_bi_encoder_cosine(setup, family):
   h, hq = (np.asarray(out_on[k], np.float64) for k in ("h", "h_query"))
   joint = np.array([h[s] @ hq[s] / (np.linalg.norm(h[s]) * np.linalg.norm(hq[s])) for s in sorted(want)])
   assert np.abs(joint - ref).max() > 1e-3
+  if pooling == "passage":  # and not the sentence pooling either: one cosine per passage
+    other = _standalone_cos(encoder, params["encoder"], args, True, False)
+    assert np.abs(np.array([other[s] for s in sorted(want)]) - ref).max() > 1e-3
+    assert len(set(np.round(ref, 6))) < len(ref)  # sentences of one passage share it
 
 
 def test_score_temperature_rescales_only_the_local_score(setup):
@@ -158,6 +180,31 @@ def test_gradients_are_finite_with_zero_padding_spans(setup):
   assert float(jnp.abs(grads["dense_prior_scale"][0])) > 0
 
 
+def test_prior_without_gradient_trains_the_encoder_only_through_the_joint_pass(setup):
+  """dense_prior_gradient=False: the encoder's gradient is the prior-free model's (the prior's
+  pass is a stop-gradient), while w still learns; True (the default) differs."""
+  base, args = setup
+  on = dataclasses.replace(base, dense_prior=5.0, dense_prior_pooling="passage")
+  assert on.dense_prior_gradient
+  params = jax.jit(LocalScorer(on).init)(jax.random.PRNGKey(4), *args)["params"]
+  shared = {k: v for k, v in params.items() if k != "dense_prior_scale"}
+
+  def enc_grad(cfg, p):
+    g = jax.jit(jax.grad(lambda p: jnp.sum(LocalScorer(cfg).apply({"params": p}, *args)
+                                           ["local_logit"])))(p)
+    return g, np.concatenate([np.ravel(x) for x in jax.tree_util.tree_leaves(g["encoder"])])
+
+  _, g_off = enc_grad(base, shared)
+  g_stop_tree, g_stop = enc_grad(dataclasses.replace(on, dense_prior_gradient=False), params)
+  _, g_on = enc_grad(on, params)
+  # Same program minus a zero-gradient term: float32 rounding of the same sums (~1e-7 of the
+  # largest entry); 1e-6 * max bounds it. The prior's own gradient is O(w) = 5 on some entries.
+  scale = np.abs(g_off).max()
+  np.testing.assert_allclose(g_stop, g_off, atol=1e-6 * scale)
+  assert np.abs(g_on - g_off).max() > 1e-3 * scale
+  assert float(jnp.abs(g_stop_tree["dense_prior_scale"][0])) > 0
+
+
 def test_config_round_trip_and_old_configs(setup):
   base, _ = setup
   cfg = dataclasses.replace(LoGConfig.tiny(vocab_size=800),
@@ -168,11 +215,20 @@ def test_config_round_trip_and_old_configs(setup):
   # A model saved before dense_prior_encoding existed used the joint states: it loads so.
   del d["log_config"]["local"]["dense_prior_encoding"]
   del d["log_config"]["local"]["score_temperature"]
+  del d["log_config"]["local"]["dense_prior_pooling"]
+  del d["log_config"]["local"]["dense_prior_gradient"]
   old = config_io.log_config_from_dict(d).local
-  assert (old.dense_prior, old.dense_prior_encoding, old.score_temperature) == (20.0, "joint", 1.0)
+  assert old.dense_prior_gradient
+  assert (old.dense_prior, old.dense_prior_encoding, old.dense_prior_pooling,
+          old.score_temperature) == (20.0, "joint", "sentence", 1.0)
   del d["log_config"]["local"]["dense_prior"]  # a model saved before the field existed
   assert config_io.log_config_from_dict(d).local.dense_prior == 0.0
   with pytest.raises(ConfigError, match="dense_prior"):
     LocalScorerConfig(encoder=base.encoder, dense_prior=-1.0)
   with pytest.raises(ConfigError, match="dense_prior_encoding"):
     LocalScorerConfig(encoder=base.encoder, dense_prior=1.0, dense_prior_encoding="late")
+  with pytest.raises(ConfigError, match="dense_prior_pooling"):
+    LocalScorerConfig(encoder=base.encoder, dense_prior=1.0, dense_prior_pooling="token")
+  with pytest.raises(ConfigError, match="needs dense_prior_encoding='split'"):
+    LocalScorerConfig(encoder=base.encoder, dense_prior=1.0, dense_prior_encoding="joint",
+                      dense_prior_pooling="passage")

@@ -46,6 +46,7 @@ def log_config_to_dict(cfg: LoGConfig) -> Dict[str, Any]:
 # trained with (the paper's setting; for dense_prior_encoding the only one there was then): a
 # file lacking one of these loads as before.
 ADDED_LATER = {LocalScorerConfig: {"dense_prior": 0.0, "dense_prior_encoding": "joint",
+                                    "dense_prior_pooling": "sentence", "dense_prior_gradient": True,
                                     "score_temperature": 1.0},
                GraphRerankerConfig: {"residual_local": False}}
 

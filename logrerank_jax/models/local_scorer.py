@@ -115,6 +115,7 @@ def encoder_config_from_hf(path_or_dict: Union[str, os.PathLike, Mapping[str, An
   return ENCODER_FAMILIES[hf_encoder_family(hf)].from_hf(hf, **overrides)
 
 DENSE_PRIOR_ENCODINGS = ("split", "joint")
+DENSE_PRIOR_POOLINGS = ("sentence", "passage")
 
 # Per-span outputs that are scattered to graph nodes.
 NODE_OUTPUT_KEYS = ("h", "h_query", "role_logits", "role_probs", "intent_probs", "local_logit",
@@ -140,6 +141,17 @@ class LocalScorerConfig:
   # query and passage are separate attention segments (a bi-encoder), "joint" = the pooled
   # states of the joint sequence (h_q, h_s). Only read when dense_prior > 0.
   dense_prior_encoding: str = "split"
+  # What the prior's cosine compares (split encoding only): "sentence" = the mean of the query's
+  # tokens and of the sentence's tokens; "passage" = the mean of every token of each attention
+  # segment, `[CLS] q [SEP]` and `s_1 ... s_m [SEP]`, which is the sentence-transformers
+  # bi-encoder's mean pooling of the query and of the passage (window) without its [CLS]: every
+  # sentence of a passage gets the passage's cosine, and the head orders sentences within it.
+  dense_prior_pooling: str = "sentence"
+  # Split encoding only: whether the encoder learns through the prior's pass (True) or only
+  # through the joint sequence (False: the pass is a stop-gradient, so training does not bend the
+  # cosine towards the training task directly, and skips that pass's backward, about a quarter
+  # of a local training step). The scale w learns either way. No effect on inference.
+  dense_prior_gradient: bool = True
   # NOT in the paper (default 1, the paper's z = sigmoid(l)): z_local = sigmoid(l / T), the local
   # score the sentence graph (score-gap edges) and the GAT read. Only the scale at which the
   # sigmoid reads the logit; the local logit, its losses and the local ranking are unchanged.
@@ -162,6 +174,12 @@ class LocalScorerConfig:
     if self.dense_prior_encoding not in DENSE_PRIOR_ENCODINGS:
       raise ConfigError(f"LocalScorerConfig.dense_prior_encoding must be one of "
                         f"{DENSE_PRIOR_ENCODINGS}, got {self.dense_prior_encoding!r}")
+    if self.dense_prior_pooling not in DENSE_PRIOR_POOLINGS:
+      raise ConfigError(f"LocalScorerConfig.dense_prior_pooling must be one of "
+                        f"{DENSE_PRIOR_POOLINGS}, got {self.dense_prior_pooling!r}")
+    if self.dense_prior_pooling != "sentence" and self.dense_prior_encoding != "split":
+      raise ConfigError("LocalScorerConfig.dense_prior_pooling='passage' needs "
+                        "dense_prior_encoding='split' (the joint sequence has no passage segment)")
     encoder_family(self.encoder)  # raises for an unknown encoder config type
 
   @property
@@ -241,6 +259,28 @@ def pair_token_types(span_ids, span_kind, segment_ids):
   _, start = _segment_starts(segment_ids)
   before = jnp.take_along_axis(seen - is_sent, start, axis=1)  # sentence tokens before it
   return ((seen - before > 0) & (segment_ids > 0)).astype(jnp.int32)
+
+
+def segment_means(hidden, segment_ids):
+  """Every token's mean of the token states of its attention segment.
+
+  Args:
+    hidden: [R, L, d] token states (any float dtype).
+    segment_ids: [R, L] int32, contiguous runs of one value (0 = padding).
+
+  Returns:
+    [R, L, d] float32; padding tokens hold zeros.
+  """
+  r, l, d = hidden.shape
+  _, start = _segment_starts(segment_ids)
+  # One sum per (row, first token of the segment): exact sums, no cumulative rounding.
+  key = (jnp.arange(r, dtype=jnp.int32)[:, None] * l + start).reshape(-1)  # [R*L]
+  w = (segment_ids > 0).reshape(-1).astype(jnp.float32)  # [R*L]
+  flat = hidden.reshape(-1, d).astype(jnp.float32) * w[:, None]
+  sums = jax.ops.segment_sum(flat, key, num_segments=r * l)  # [R*L, d]
+  counts = jax.ops.segment_sum(w, key, num_segments=r * l)  # [R*L]
+  means = jnp.take(sums, key, axis=0) / jnp.maximum(jnp.take(counts, key), 1.0)[:, None]
+  return (means * w[:, None]).reshape(r, l, d)
 
 
 def split_query_passage(span_ids, span_kind, segment_ids, position_ids):
@@ -333,8 +373,14 @@ class LocalScorer(nn.Module):
         # The same encoder (same params) once more, query and passage as separate segments
         # and token type 0 throughout: the bi-encoder the checkpoint may have been trained as.
         seg2, pos2 = split_query_passage(span_ids, span_kind, segment_ids, position_ids)
-        pooled2, _ = pool_spans(encode(seg2, pos2, jnp.zeros_like(input_ids)), span_ids,
-                                num_spans)  # [S, d]
+        hidden2 = encode(seg2, pos2, jnp.zeros_like(input_ids))  # [R, L, d]
+        if cfg.dense_prior_pooling == "passage":
+          # Each span's tokens lie in one segment, so pooling the segment means over the span
+          # gives that segment's mean (its [CLS]/[SEP] included, as the bi-encoder pools).
+          hidden2 = segment_means(hidden2, seg2)
+        if not cfg.dense_prior_gradient:
+          hidden2 = jax.lax.stop_gradient(hidden2)
+        pooled2, _ = pool_spans(hidden2, span_ids, num_spans)  # [S, d]
         p_s, p_q = pooled2, jnp.take(pooled2, q_idx, axis=0)
       else:
         p_s, p_q = h_s, h_q

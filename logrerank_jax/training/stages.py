@@ -60,6 +60,8 @@ def build_model_config(config, vocab_size: int) -> lr.LoGConfig:
   local = dataclasses.replace(cfg.local, encoder=encoder, dropout=config.dropout,
                               dense_prior=float(config.get("dense_prior", 0.0)),
                               dense_prior_encoding=config.get("dense_prior_encoding", "split"),
+                              dense_prior_pooling=config.get("dense_prior_pooling", "sentence"),
+                              dense_prior_gradient=bool(config.get("dense_prior_gradient", True)),
                               score_temperature=float(config.get("score_temperature", 1.0)))
   gat = dataclasses.replace(cfg.graph_reranker, dropout=config.dropout, dtype=dtype,
                             residual_local=bool(config.get("global_residual", False)))
