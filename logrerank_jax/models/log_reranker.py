@@ -265,6 +265,10 @@ def device_batch(batch) -> Dict[str, jax.Array]:
 # Per-node outputs of the local stage, in the [Q, N, ...] layout of a batch's node arrays.
 LOCAL_NODE_KEYS = ("h", "h_query", "role_logits", "role_probs", "intent_probs", "local_logit",
                    "local_score")
+# The subset of them the global stage reads (`global_logits`): what the training feature cache
+# stores and the serving path carries from the local to the global call. One list, so a key the
+# GAT starts reading (as `local_logit` for residual_local) reaches both.
+GLOBAL_FEATURE_KEYS = ("h", "role_probs", "local_score", "local_logit")
 
 
 class LoGReranker(nn.Module):

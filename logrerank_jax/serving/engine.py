@@ -57,7 +57,7 @@ def local_forward(params, arrays, cfg):
   output need ([Q, N, ...])."""
   nodes = lr.LoGReranker(cfg).apply({"params": {"local": params["local"]}}, arrays, True,
                                     method=lr.LoGReranker.local_nodes)
-  return {k: nodes[k] for k in ("h", "role_probs", "local_score", "local_logit")}
+  return {k: nodes[k] for k in lr.GLOBAL_FEATURE_KEYS}
 
 
 def global_forward(params, feats, cfg):

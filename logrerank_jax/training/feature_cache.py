@@ -15,14 +15,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from logrerank_jax.models.log_reranker import LoGConfig, LoGReranker
+from logrerank_jax.models.log_reranker import GLOBAL_FEATURE_KEYS, LoGConfig, LoGReranker
 from logrerank_jax.schema import NUM_ROLES
 from logrerank_jax.training import data as data_lib
 
 # Per-node label arrays stored next to the features.
 _LABELS = ("node_passage", "sentence_rank", "passage_rank")
-# Feature arrays the global stage reads (the cached subset of `LoGReranker.local_nodes`).
-FEATURE_KEYS = ("h", "role_probs", "local_score", "local_logit")
 
 
 def query_groups(n: int, size: int) -> List[List[int]]:
@@ -31,10 +29,10 @@ def query_groups(n: int, size: int) -> List[List[int]]:
 
 
 def local_features(cfg: LoGConfig, local_params, batch) -> Dict[str, jax.Array]:
-  """Run the frozen local model (no dropout): node features [Q, N, ...] (`FEATURE_KEYS`)."""
+  """Run the frozen local model (no dropout): node features [Q, N, ...] (`GLOBAL_FEATURE_KEYS`)."""
   nodes = LoGReranker(cfg).apply({"params": {"local": local_params}}, batch, True,
                                  method=LoGReranker.local_nodes)
-  return {k: nodes[k] for k in FEATURE_KEYS}
+  return {k: nodes[k] for k in GLOBAL_FEATURE_KEYS}
 
 
 def compute_features(cfg: LoGConfig, local_params, units, tokenizer, packing_cfg,
