@@ -1,9 +1,14 @@
 """The node features the global stage reads: one list (`log_reranker.GLOBAL_FEATURE_KEYS`) for
-the serving path and the training feature cache."""
+the serving path and the training feature cache, and the cache never feeding a missing one as
+zeros."""
+
+import logging
 
 import jax
+import numpy as np
 import pytest
 
+from logrerank_jax.errors import DataError
 from logrerank_jax.models import log_reranker as lr
 from logrerank_jax.serving import engine
 from logrerank_jax.training import feature_cache as fc
@@ -26,3 +31,51 @@ def test_serving_and_cache_carry_the_one_key_list(tiny_local, monkeypatch):
   assert set(engine.local_forward(params, batch, cfg)) == set(lr.GLOBAL_FEATURE_KEYS)
   monkeypatch.setattr(lr, "GLOBAL_FEATURE_KEYS", ("h", "local_logit", "intent_probs"))
   assert set(engine.local_forward(params, batch, cfg)) == {"h", "local_logit", "intent_probs"}
+
+
+def _cached_item(m=3, d=4, seed=0):
+  """One query's cached features and labels (`CACHED_KEYS`), `m` nodes of width `d`."""
+  rng = np.random.default_rng(seed)
+  return {"h": rng.normal(size=(m, d)).astype(np.float32),
+          "role_probs": np.full((m, 3), 1 / 3, np.float32),
+          "local_score": rng.uniform(size=m).astype(np.float32),
+          "local_logit": rng.normal(size=m).astype(np.float32),
+          "node_passage": np.arange(m, dtype=np.int32), "sentence_rank": np.ones(m, np.int32),
+          "passage_rank": np.arange(1, m + 1, dtype=np.int32)}
+
+
+def test_feature_batch_refuses_an_item_without_a_key():
+  """A cached query without local_logit is an error naming the key and the query, not a zero
+  local logit under a residual model's GAT."""
+  items = [_cached_item(seed=0), _cached_item(seed=1)]
+  b = fc.feature_batch(items, 2, 5, ["q0", "q1"])
+  np.testing.assert_array_equal(b["local_logit"][1, :3], items[1]["local_logit"])
+  del items[1]["local_logit"]
+  with pytest.raises(DataError, match=r"^cached features of query 'q1' lack 'local_logit'; "
+                                      r"delete the feature cache"):
+    fc.feature_batch(items, 2, 5, ["q0", "q1"])
+  with pytest.raises(DataError, match="query #1 of this batch lack 'local_logit'"):
+    fc.feature_batch(items, 2, 5)
+
+
+def test_a_cache_written_before_a_key_existed_is_recomputed(tmp_path, caplog):
+  """A cache file with the right fingerprint but without local_logit (written before the
+  global stage read it) is recomputed and rewritten, with a warning, never read back."""
+  path, fingerprint = str(tmp_path / "train-p0.npz"), "fp"
+  items = [_cached_item(m=3, seed=0), _cached_item(m=2, seed=1)]
+  old = {k: np.concatenate([it[k] for it in items]) for k in items[0] if k != "local_logit"}
+  np.savez(path, fingerprint=np.asarray(fingerprint), offsets=np.asarray([0, 3, 5]), **old)
+  calls = []
+
+  def compute():
+    calls.append(1)
+    return items
+
+  with caplog.at_level(logging.WARNING, logger=fc.__name__):
+    got, hit = fc.load_or_compute_features(path, fingerprint, compute)
+  assert (hit, len(calls)) == (False, 1) and "lacks local_logit" in caplog.text
+  # Rewritten with every key: the next run reads it back.
+  again, hit = fc.load_or_compute_features(path, fingerprint, compute)
+  assert (hit, len(calls)) == (True, 1)
+  for a, b in zip(again, items):
+    np.testing.assert_array_equal(a["local_logit"], b["local_logit"])

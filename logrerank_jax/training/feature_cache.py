@@ -1,26 +1,35 @@
 """The global stage's cache of frozen local outputs: computed once, stored on disk, reused.
 
 The global stage freezes the local model, so its per-sentence outputs (h, role distribution,
-local score) are the same every epoch. They are computed once per data file, written as one
-`.npz` (no pickle) keyed by a fingerprint of the frozen params, the packer settings and the
-file's bytes, and read back on the next epoch, run or resume. A changed model or file changes
-the fingerprint and the cache is rebuilt.
+local score and logit) are the same every epoch. They are computed once per data file, written
+as one `.npz` (no pickle) keyed by a fingerprint of the frozen params, the packer settings and
+the file's bytes, and read back on the next epoch, run or resume. A changed model or file
+changes the fingerprint and the cache is rebuilt; so is a cache written before the global stage
+read one of today's keys (it would lack that key).
 """
 
 import hashlib
+import logging
 import os
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from logrerank_jax.errors import DataError
 from logrerank_jax.models.log_reranker import GLOBAL_FEATURE_KEYS, LoGConfig, LoGReranker
 from logrerank_jax.schema import NUM_ROLES
 from logrerank_jax.training import data as data_lib
 
+log = logging.getLogger(__name__)
+
 # Per-node label arrays stored next to the features.
 _LABELS = ("node_passage", "sentence_rank", "passage_rank")
+# What every cached query holds: the features the global stage reads (`GLOBAL_FEATURE_KEYS`,
+# the cached subset of `LoGReranker.local_nodes`) and its labels. A cache file lacking one was
+# written by an older version.
+CACHED_KEYS = GLOBAL_FEATURE_KEYS + _LABELS
 
 
 def query_groups(n: int, size: int) -> List[List[int]]:
@@ -67,15 +76,25 @@ def load_or_compute_features(path: str, fingerprint: str,
                              compute: Callable[[], List[Dict[str, np.ndarray]]]
                              ) -> Tuple[List[Dict[str, np.ndarray]], bool]:
   """Return (per-query features, True) from `path` if its fingerprint matches, else compute and
-  store them (atomically: temp file + rename) and return (features, False)."""
+  store them (atomically: temp file + rename) and return (features, False).
+
+  A file with the right fingerprint that lacks one of `CACHED_KEYS` was written before the
+  global stage read that key (e.g. `local_logit`, which residual_local adds to the GAT's
+  output): it is recomputed and overwritten, as a stale one is; reading it would feed the GAT
+  zeros for the missing key.
+  """
   if os.path.exists(path):
     with np.load(path, allow_pickle=False) as z:
       if str(z["fingerprint"]) == fingerprint:
-        offsets = z["offsets"]
-        keys = [k for k in z.files if k not in ("fingerprint", "offsets")]
-        arrays = {k: z[k] for k in keys}
-        return [{k: arrays[k][offsets[i]:offsets[i + 1]] for k in keys}
-                for i in range(len(offsets) - 1)], True
+        missing = [k for k in CACHED_KEYS if k not in z.files]
+        if not missing:
+          offsets = z["offsets"]
+          keys = [k for k in z.files if k not in ("fingerprint", "offsets")]
+          arrays = {k: z[k] for k in keys}
+          return [{k: arrays[k][offsets[i]:offsets[i + 1]] for k in keys}
+                  for i in range(len(offsets) - 1)], True
+        log.warning("feature cache %s lacks %s (written by an older version): recomputing it",
+                    path, ", ".join(missing))
   items = compute()
   offsets = np.cumsum([0] + [len(it["local_score"]) for it in items])
   arrays = {k: np.concatenate([it[k] for it in items]) for k in items[0]}
@@ -95,11 +114,27 @@ def with_unit_labels(item: Dict[str, np.ndarray], unit) -> Dict[str, np.ndarray]
               gold_labels=np.full((m,), bool(unit.gold)))
 
 
-def feature_batch(items: Sequence[Dict[str, np.ndarray]], q: int, n: int) -> Dict[str, np.ndarray]:
+def feature_batch(items: Sequence[Dict[str, np.ndarray]], q: int, n: int,
+                  qids: Optional[Sequence[str]] = None) -> Dict[str, np.ndarray]:
   """Assemble cached query features into one [q, n] share (padding slots inert).
 
   Items without distillation labels (`with_unit_labels`) get none: no teacher, gold labels.
+
+  Args:
+    items: per-query features and labels (`compute_features` / `load_or_compute_features`).
+    q, n: the share's query slots and nodes per query.
+    qids: the items' query ids, to name a bad item (default: its position in `items`).
+
+  Raises:
+    DataError: an item lacks one of `CACHED_KEYS` (names the key and the query): a zero-filled
+      `local_logit` would silently become a residual model's local ranking.
   """
+  for qi, it in enumerate(items):
+    missing = [k for k in CACHED_KEYS if k not in it]
+    if missing:
+      who = repr(qids[qi]) if qids is not None else f"#{qi} of this batch"
+      raise DataError(f"cached features of query {who} lack {missing[0]!r}; delete the feature "
+                      "cache (workdir/feature_cache/) to recompute it")
   d = items[0]["h"].shape[-1] if items else 1
   out = {"h": np.zeros((q, n, d), np.float32),
          "role_probs": np.zeros((q, n, NUM_ROLES), np.float32),
@@ -110,8 +145,9 @@ def feature_batch(items: Sequence[Dict[str, np.ndarray]], q: int, n: int) -> Dic
          "gold_labels": np.zeros((q, n), bool)}
   for qi, it in enumerate(items):
     m = len(it["local_score"])
-    for k in ("h", "role_probs", "local_score", "local_logit", "node_passage", "sentence_rank",
-              "passage_rank", "passage_teacher", "has_teacher"):
+    for k in CACHED_KEYS:
+      out[k][qi, :m] = it[k]
+    for k in ("passage_teacher", "has_teacher"):  # distillation labels are optional
       if k in it:
         out[k][qi, :m] = it[k]
     out["gold_labels"][qi, :m] = it["gold_labels"] if "gold_labels" in it else True

@@ -497,7 +497,8 @@ class GlobalStage:
     for g in groups:
       shares = shares_of(g)
       q_share = self.config.micro_batch_size // self.num_shards
-      batches.append([fc.feature_batch([feats[i] for i in s], q_share, n_max) for s in shares])
+      batches.append([fc.feature_batch([feats[i] for i in s], q_share, n_max,
+                                       [self.units[i].qid for i in s]) for s in shares])
     return batches
 
   def micro_batch_groups(self, size: int, seed: int):
@@ -570,7 +571,8 @@ class GlobalStage:
     def evaluate(params):
       scores = []
       for group in fc.query_groups(len(val_units), group_size):
-        b = fc.feature_batch([feats[i] for i in group], group_size, n_max)
+        b = fc.feature_batch([feats[i] for i in group], group_size, n_max,
+                             [val_units[i].qid for i in group])
         out = np.asarray(run(params["global"], {k: jnp.asarray(v) for k, v in b.items()}))
         scores += [out[qi][:len(feats[i]["local_score"])] for qi, i in enumerate(group)]
       return passage_metrics(val_units, scores, qrels)
