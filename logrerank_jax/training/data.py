@@ -14,6 +14,7 @@ the demo and for datasets of tens of thousands of queries.
 
 import dataclasses
 import json
+import logging
 import math
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -26,6 +27,8 @@ from logrerank_jax.data.records import TrainingRecord
 from logrerank_jax.errors import ConfigError, DataError
 from logrerank_jax.evaluation import read_qrels
 from logrerank_jax.schema import MODEL_KEYS, NUM_ROLES, TOKEN_KEYS
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,14 +131,33 @@ def read_teacher_file(path: str) -> Dict[str, Dict[str, Any]]:
   return out
 
 
-def attach_teacher(units: Sequence[Unit], teacher: Dict[str, Dict[str, Any]]) -> List[Unit]:
+def attach_teacher(units: Sequence[Unit], teacher: Dict[str, Dict[str, Any]],
+                   source: str = "teacher file", allow_unmatched: bool = False) -> List[Unit]:
   """Units with their teacher scores and gold flag from `read_teacher_file` output.
 
-  A unit whose query is in `teacher` must have a score for each of its passages.
+  A unit whose query is in `teacher` must have a score for each of its passages, and every
+  teacher entry must match a unit's query: a stale or mistyped teacher file would otherwise
+  train without distillation, silently.
+
+  Args:
+    units: training units.
+    teacher: {query id: {"scores", "labelled"}} (`read_teacher_file`).
+    source: what `teacher` came from (its path), for the messages.
+    allow_unmatched: log unmatched entries instead of refusing them, where some are expected
+      (records the training file's `skip_invalid` dropped).
 
   Raises:
-    DataError: a passage of such a query has no teacher score (names the query and passage).
+    DataError: a passage of such a query has no teacher score (names the query and passage), or
+      (unless `allow_unmatched`) teacher entries match no unit (counts them, names the first).
   """
+  qids = {u.qid for u in units}
+  unmatched = [q for q in teacher if q not in qids]
+  if unmatched:
+    what = (f"{source}: {len(unmatched)} of {len(teacher)} teacher entries match no training "
+            f"query (first: {unmatched[0]!r})")
+    if not allow_unmatched:
+      raise DataError(f"{what}; is it the teacher file of this training file?")
+    log.warning("%s; ignored (skip_invalid: their records may be among the skipped lines)", what)
   out = []
   for u in units:
     t = teacher.get(u.qid)

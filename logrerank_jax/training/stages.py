@@ -220,9 +220,16 @@ def distill_settings(config) -> Tuple[float, float]:
 
 
 def _with_teacher(units, config):
-  """`units` with the teacher scores of `config.teacher_file` attached (unchanged without one)."""
+  """`units` with the teacher scores of `config.teacher_file` attached (unchanged without one).
+
+  Teacher entries matching no unit are refused, except under `skip_invalid`: the records of
+  skipped lines leave their entries unmatched, so they are counted in the log instead.
+  """
   path = config.get("teacher_file", "")
-  return data_lib.attach_teacher(units, data_lib.read_teacher_file(path)) if path else units
+  if not path:
+    return units
+  return data_lib.attach_teacher(units, data_lib.read_teacher_file(path), source=path,
+                                 allow_unmatched=bool(config.get("skip_invalid", False)))
 
 
 def pack_token_batches(units, groups, shares_of: Callable, tokenizer, pack_cfg: PackingConfig,
