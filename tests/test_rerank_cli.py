@@ -133,3 +133,59 @@ def test_in_process_openscholar_round_trip(setup, capsys):
     assert res["ctxs"] == [exp["ctxs"][p] for p in order]  # every ctx kept, unchanged, reordered
     assert res["log_context"] and all(
         exp["ctxs"][u["passage"]]["text"].find(u["text"]) >= 0 for u in res["log_context"])
+
+
+def test_id_only_pools_with_corpus(setup, tmp_path, capsys):
+  """Id-only records (`ctx_ids`, as logrerank_jax/demo_data ships its pools) rerank with
+  --corpus as the same pools with their passages inline; an id the corpus lacks is that
+  record's one-line error naming it; without --corpus the records' error says to pass one."""
+  from logrerank_jax.data.inference_input import InferenceRecord, read_inference_file
+  from logrerank_jax.data.pools import read_corpus
+  tmp, model, _, expected = setup
+  pools = [e for e in expected if isinstance(e, dict)]  # the fixture's 3 real SciFact pools
+  corpus = {c["id"]: {"id": c["id"], "title": c["title"], "text": c["text"]}
+            for p in pools for c in p["ctxs"]}
+  (tmp_path / "corpus.jsonl").write_text("".join(json.dumps(c) + "\n" for c in corpus.values()))
+  id_only = [{"id": p["id"], "input": p["input"], "ctx_ids": [c["id"] for c in p["ctxs"]]}
+             for p in pools]
+  bad = {"id": "stale", "input": "q", "ctx_ids": [pools[0]["ctxs"][0]["id"], "p-gone"]}
+  inline = {"id": pools[0]["id"], "input": pools[0]["input"],
+            "ctxs": [corpus[c["id"]] for c in pools[0]["ctxs"]]}
+  lines = [json.dumps(r) for r in id_only + [bad, inline]]
+  inp = tmp_path / "ids.jsonl"
+  inp.write_text("\n".join(lines) + "\n")
+  out = tmp_path / "out.jsonl"
+  common = ["--checkpoint", model, "--input", str(inp), "--output", str(out), "--row-len", "128",
+            "--no-compilation-cache", "--no-progress"]
+  rc = load_tool().main(common + ["--corpus", str(tmp_path / "corpus.jsonl")])
+  err = capsys.readouterr().err
+  assert rc == 2, err  # the stale record is an error
+  results = read_jsonl(out)
+  for res, pool in zip(results[:3], pools):
+    check_output(res, {"id": pool["id"], "input": pool["input"],
+                       "ctxs": [corpus[c["id"]] for c in pool["ctxs"]]})
+  assert results[3]["error"] == (f"{inp}:4: pool 'stale': passage id 'p-gone' is not in the "
+                                 "corpus (1 of its 2 ids missing)")
+  assert f"rerank: record at line 4: {results[3]['error']}\n" in err
+  # The id-only record and the same pool inline: the same passages, ranking and scores.
+  same, ref = results[0], results[4]
+  assert same["passages"] == ref["passages"] and same["passage_ranking"] == ref["passage_ranking"]
+  assert [(r["passage"], r["sentence"]) for r in same["ranked_sentences"]] == \
+      [(r["passage"], r["sentence"]) for r in ref["ranked_sentences"]]
+  assert max(abs(a["score"] - b["score"]) for a, b in
+             zip(same["ranked_sentences"], ref["ranked_sentences"])) <= 1e-6
+  # Without --corpus: every id-only record is an error that names --corpus; the inline one runs.
+  rc = load_tool().main(common)
+  assert rc == 2
+  results = read_jsonl(out)
+  assert [r["error"] is None for r in results] == [False] * 4 + [True]
+  assert all("passages given by id only ('ctx_ids')" in r["error"] and "--corpus" in r["error"]
+             and "\n" not in r["error"] for r in results[:4])
+  capsys.readouterr()
+  # The demo's id-only CS pools resolve in full against their corpus (no model needed).
+  demo = ROOT / "logrerank_jax" / "demo_data" / "scholarqa_cs"
+  resolved = load_tool().with_corpus(read_inference_file(str(demo / "pools.jsonl")),
+                                     read_corpus(str(demo / "corpus.jsonl")), "pools.jsonl")
+  assert len(resolved) == 110
+  assert all(isinstance(ln.record, InferenceRecord) and not ln.record.skipped
+             and len(ln.record.passages) == len(ln.raw["ctxs"]) for ln in resolved)

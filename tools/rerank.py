@@ -1,12 +1,16 @@
 """Rerank OpenScholar/ScholarQABench-style passages at the sentence level with a LoG-Reranker model.
 
   python tools/rerank.py --checkpoint MODEL_OR_WORKDIR --input in.jsonl --output out.jsonl \
-      [--format log|openscholar] [--strict] [--queries-per-batch 4] [--row-len N] \
-      [--max-query-tokens N] [--local-slots N] [--precompile] \
+      [--corpus corpus.jsonl] [--format log|openscholar] [--strict] [--queries-per-batch 4] \
+      [--row-len N] [--max-query-tokens N] [--local-slots N] [--precompile] \
       [--distributed [--coordinator-address HOST:PORT --num-processes P --process-id I]] \
       [--compilation-cache DIR | --no-compilation-cache] [--no-progress] [--html OUT_DIR]
 
 Input lines: {"input"|"question": str, "ctxs"|"passages": [{"title", "text", ...}], ...}.
+Id-only pools ({"id", "input", "ctx_ids": [passage id, ...]}, as logrerank_jax/demo_data ships
+them) need `--corpus`, JSONL {"id", "title", "text"}: each id becomes that passage (`--format
+openscholar` writes the resolved `ctxs` back); a record naming an id the corpus lacks is an
+error record.
 Output: one line per non-blank input line, in order (see `logrerank_jax/inference.py` for the
 "log" schema; `--format openscholar` writes the input back with its passages reordered and
 `log_context` / `log_passage_order` added).  A record that cannot be processed gets an `error`
@@ -45,8 +49,10 @@ import jax  # pylint: disable=g-import-not-at-top
 from logrerank_jax import explain  # pylint: disable=g-import-not-at-top
 from logrerank_jax import inference  # pylint: disable=g-import-not-at-top
 from logrerank_jax import results as results_lib  # pylint: disable=g-import-not-at-top
-from logrerank_jax.data.inference_input import read_inference_file  # pylint: disable=g-import-not-at-top
-from logrerank_jax.errors import LogRerankError  # pylint: disable=g-import-not-at-top
+from logrerank_jax.data.inference_input import (InputLine, PASSAGE_KEYS, parse_inference_record,  # pylint: disable=g-import-not-at-top
+                                                 read_inference_file)
+from logrerank_jax.data.pools import read_corpus, resolve_pool  # pylint: disable=g-import-not-at-top
+from logrerank_jax.errors import DataError, LogRerankError  # pylint: disable=g-import-not-at-top
 
 
 def parse_args(argv=None):
@@ -56,6 +62,9 @@ def parse_args(argv=None):
                  help="model folder (params/, model_config.json, tokenizer/) or a training workdir with model/")
   p.add_argument("--input", required=True, help="input JSONL")
   p.add_argument("--output", required=True, help="output JSONL (written atomically)")
+  p.add_argument("--corpus", default=None,
+                 help="JSONL {id, title, text} resolving id-only records' ctx_ids "
+                      "(logrerank_jax.data.pools.resolve_pool)")
   p.add_argument("--format", choices=("log", "openscholar"), default="log",
                  help="log: ranked sentences, passage ranking, context units; openscholar: the input "
                       "records with ctxs reordered and log_context added")
@@ -95,6 +104,25 @@ def parse_args(argv=None):
                  help="also write one self-contained explanation page per record and index.html "
                       "into OUT_DIR (from the same results as the output)")
   return p.parse_args(argv)
+
+
+def with_corpus(lines, by_id, path: str) -> list:
+  """Input lines with each id-only record (`ctx_ids`, no passage list) resolved against the
+  corpus `by_id` (`read_corpus`) and parsed again; an id the corpus lacks makes that record's
+  error (naming the line, the record and the id), as any unusable record does."""
+  out = []
+  for ln in lines:
+    raw = ln.raw
+    if not isinstance(raw, dict) or "ctx_ids" not in raw or any(k in raw for k in PASSAGE_KEYS):
+      out.append(ln)
+      continue
+    where = f"{path}:{ln.line}"
+    try:
+      rec = resolve_pool(raw, by_id, where)
+      out.append(InputLine(ln.line, rec, parse_inference_record(rec, where)))
+    except DataError as e:
+      out.append(InputLine(ln.line, raw, e))
+  return out
 
 
 def check_output_writable(path: str) -> None:
@@ -176,6 +204,8 @@ def main(argv=None) -> int:
     if not args.no_compilation_cache:
       inference.enable_compilation_cache(args.compilation_cache or inference.default_compilation_cache_dir())
     lines = read_inference_file(args.input)
+    if args.corpus:
+      lines = with_corpus(lines, read_corpus(args.corpus), args.input)
     buckets = {k: _int_list(v, f"--{k.replace('_', '-')}") for k, v in
                (("row_buckets", args.row_buckets), ("node_buckets", args.node_buckets)) if v}
     reranker = inference.Reranker.from_pretrained(

@@ -117,6 +117,10 @@ def parse_inference_record(obj: Any, where: str = "record") -> InferenceRecord:
                       "ScholarQABench task file (it has 'gold_ctx'): build candidate pools from "
                       "it with `python tools/prepare_data.py --input FILE --output pools.jsonl "
                       "--qrels pools.qrels`, then rerank pools.jsonl")
+    if "ctx_ids" in obj:
+      raise DataError(f"{where}: passages given by id only ('ctx_ids'), without their texts: "
+                      "rerank with the corpus that holds them (tools/rerank.py --corpus "
+                      "corpus.jsonl; logrerank_jax.data.pools.resolve_pool)")
     raise DataError(f"{where}: no passages: no 'ctxs' or 'passages' field")
   ctxs = obj[pkey]
   if not isinstance(ctxs, list):

@@ -22,11 +22,12 @@ Output records follow OpenScholar's inference format:
 and qrels {qid: {gold passage ids}}.
 """
 
-from typing import Optional, Sequence
+import json
+from typing import Mapping, Optional, Sequence
 
 from logrerank_jax.data.bm25 import BM25Index
 from logrerank_jax.data.sentences import split_sentence_texts
-from logrerank_jax.errors import ConfigError
+from logrerank_jax.errors import ConfigError, DataError
 
 
 def build_eval_pools(records: Sequence[dict], pool_size: int = 50,
@@ -101,6 +102,59 @@ def expand_pools(pool_records: Sequence[dict], corpus: Sequence[dict]) -> list[d
             for i in rec["ctx_ids"]]
     out.append({k: v for k, v in rec.items() if k != "ctx_ids"} | {"ctxs": ctxs})
   return out
+
+
+def read_corpus(path: str) -> dict[str, dict]:
+  """Read a passage corpus, JSONL `{"id", "title", "text"}`, into {id as a string: entry}.
+
+  Raises:
+    DataError: the file cannot be read, or a line is not a JSON object with an `id` (string or
+      integer), or an id repeats (names the file and line).
+  """
+  by_id: dict[str, dict] = {}
+  try:
+    f = open(path, encoding="utf-8")
+  except OSError as e:
+    raise DataError(f"cannot read corpus {path} ({e.strerror or e})") from None
+  with f:
+    for n, line in enumerate(f, start=1):
+      if not line.strip():
+        continue
+      try:
+        entry = json.loads(line)
+      except ValueError as e:
+        raise DataError(f"{path}:{n}: malformed JSON ({e})") from None
+      pid = entry.get("id") if isinstance(entry, dict) else None
+      if isinstance(pid, bool) or not isinstance(pid, (str, int)):
+        raise DataError(f"{path}:{n}: expected a JSON object with an 'id' (string or integer)")
+      if str(pid) in by_id:
+        raise DataError(f"{path}:{n}: passage id {str(pid)!r} repeats")
+      by_id[str(pid)] = entry
+  return by_id
+
+
+def resolve_pool(rec: dict, by_id: Mapping[str, dict], where: str = "record") -> dict:
+  """One id-only pool (`ctx_ids`) with its passages from a corpus (`read_corpus`), as
+  `expand_pools` resolves them; a record without `ctx_ids` is returned unchanged.
+
+  Raises:
+    DataError: `ctx_ids` is not a list, or names a passage the corpus lacks (names `where`, the
+      record's id and the first missing passage id).
+  """
+  if "ctx_ids" not in rec:
+    return rec
+  ids = rec["ctx_ids"]
+  if not isinstance(ids, list):
+    raise DataError(f"{where}: 'ctx_ids' must be a list of passage ids, got {type(ids).__name__}")
+  missing = [i for i in ids if str(i) not in by_id]
+  if missing:
+    raise DataError(f"{where}: pool {rec.get('id')!r}: passage id {str(missing[0])!r} is not in "
+                    f"the corpus ({len(missing)} of its {len(ids)} ids missing)")
+  # A corpus entry without a text gives a passage without one: the reader skips that passage
+  # with its reason, as it skips any unusable passage.
+  ctxs = [{"id": str(i), "title": by_id[str(i)].get("title", "")}
+          | ({"text": by_id[str(i)]["text"]} if "text" in by_id[str(i)] else {}) for i in ids]
+  return {k: v for k, v in rec.items() if k != "ctx_ids"} | {"ctxs": ctxs}
 
 
 def chunk_passages(text: str, sentences_per_chunk: int) -> list[str]:
