@@ -71,6 +71,9 @@ def test_passage_stage_pads_each_micro_batch_to_its_length_bucket(tmp_path):
   cfg = module.get_config("minilm")
   cfg.init_checkpoint = minilm
   cfg.max_seq_len = 512  # at 256 every query of these has a pair that fills the whole row
+  # the demo's teacher scores train_mix.jsonl's queries, not these (a teacher file of another
+  # training file is refused: training/data.attach_teacher)
+  cfg.teacher_file, cfg.distill_weight = "", 0.0
   records = R.validate_training_file(PARAGRAPHS / "train.jsonl")[0][:12]
   stage = stages.PassageStage(cfg, str(tmp_path), records)
   stage.num_shards = 1
