@@ -132,6 +132,27 @@ def test_label_qrels_and_bad_pool_file(run, capsys):
   assert "bad.jsonl:2" in capsys.readouterr().err and not (tmp / "bad_eval").exists()
 
 
+@pytest.mark.parametrize("pools_text, corpus_text, needle", [
+    ('{"id": "q", "input": "x", "ctx_ids": ["a"]}\n', '{"id": "a", "text": "t"}\n{"id": ',
+     "corpus.jsonl:2: malformed JSON"),
+    ('{"id": "q", "input": "x", "ctx_ids": ["zz"]}\n', '{"id": "a", "text": "t"}\n',
+     "pool 1: pool 'q': passage id 'zz' is not in the corpus"),
+    ('{"id": "q", "input": "x", "ctx_ids": ["a"]}\n{oops\n', '{"id": "a", "text": "t"}\n',
+     "pools.jsonl:2: malformed JSON"),
+], ids=["corpus-line", "missing-id", "pool-line"])
+def test_bad_id_only_pools_or_corpus_exit_1_with_one_line(tmp_path, capsys, pools_text,
+                                                            corpus_text, needle):
+  """--corpus: a malformed line of either file or an id the corpus lacks is one line naming it,
+  exit status 1 (they were a bare JSONDecodeError traceback and a ConfigError)."""
+  (tmp_path / "pools.jsonl").write_text(pools_text)
+  (tmp_path / "corpus.jsonl").write_text(corpus_text)
+  rc = load_tool().main(["--pools", str(tmp_path / "pools.jsonl"), "--corpus",
+                         str(tmp_path / "corpus.jsonl"), "--out-dir", str(tmp_path / "eval"),
+                         "--no-progress"])
+  err = capsys.readouterr().err
+  assert rc == 1 and needle in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_first_stage_system_and_paired_bootstrap(run, tmp_path):
   """--first-stage scores the pool order; the paired comparison is the per-query nDCG
   difference, its bootstrap interval holds the mean, and a rerun gives the same figures."""

@@ -227,3 +227,52 @@ def test_cli_malformed_input_exits_with_message(tmp_path):
   assert res.returncode == 1
   assert "bad.jsonl:1" in res.stderr and "gold_ctx" in res.stderr
   assert not (tmp_path / "o.jsonl").exists()
+
+
+# ---------------------------------------------------------------- id-only pools + a corpus
+
+CORPUS = [{"id": "a", "title": "A", "text": "alpha"}, {"id": 7, "text": "seven"},
+          {"id": "n", "title": "no text"}]
+
+
+def test_expand_pools_resolves_ids_and_passes_full_pools_through():
+  from logrerank_jax.data.pools import expand_pools, index_corpus
+  full = {"id": "q0", "input": "x", "ctxs": [{"text": "t"}]}
+  out = expand_pools([{"id": "q1", "input": "y", "ctx_ids": ["a", 7]}, full], CORPUS)
+  assert out[0] == {"id": "q1", "input": "y", "ctxs": [{"id": "a", "title": "A", "text": "alpha"},
+                                                       {"id": "7", "title": "", "text": "seven"}]}
+  assert out[1] is full
+  # read_corpus's {id: entry} gives the same; an entry without text gives a passage without one
+  # (the readers skip it with its reason), not a KeyError.
+  assert expand_pools([{"id": "q1", "input": "y", "ctx_ids": ["a", 7]}],
+                      index_corpus(CORPUS)) == out[:1]
+  assert expand_pools([{"id": "q", "input": "y", "ctx_ids": ["n"]}], CORPUS)[0]["ctxs"] == [
+      {"id": "n", "title": "no text"}]
+
+
+@pytest.mark.parametrize("pools, corpus, needle", [
+    ([{"id": "q1", "ctx_ids": ["a", "zz", "yy"]}], CORPUS,
+     "pool 1: pool 'q1': passage id 'zz' is not in the corpus (2 of its 3 ids missing)"),
+    ([{"id": "q0", "ctxs": []}, {"id": "q2", "ctx_ids": ["a"], "ctxs": [{"text": "t"}]}], CORPUS,
+     "pool 2: pool 'q2' has both 'ctxs' and 'ctx_ids'; give one"),
+    ([{"id": "q3", "ctx_ids": "a"}], CORPUS, "pool 1: 'ctx_ids' must be a list of passage ids"),
+    ([], CORPUS + [{"id": "a", "text": "again"}], "corpus entry 4: passage id 'a' repeats"),
+    ([], [{"text": "no id"}], "corpus entry 1: expected a JSON object with an 'id'"),
+], ids=["missing-id", "ctxs-and-ctx_ids", "ctx_ids-not-list", "repeated-corpus-id", "no-id"])
+def test_expand_pools_errors_name_the_pool_or_entry(pools, corpus, needle):
+  from logrerank_jax.data.pools import expand_pools
+  with pytest.raises(DataError) as info:
+    expand_pools(pools, corpus)
+  assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_read_pool_file_names_a_malformed_line(tmp_path):
+  from logrerank_jax.data.pools import read_pool_file
+  path = tmp_path / "pools.jsonl"
+  path.write_text('{"id": "q"}\n\n{"id": \n')
+  with pytest.raises(DataError, match=rf"{path}:3: malformed JSON"):
+    read_pool_file(str(path))
+  path.write_text('{"id": "q"}\n\n[1]\n')
+  assert read_pool_file(str(path)) == [{"id": "q"}, [1]]
+  with pytest.raises(DataError, match="cannot read pools"):
+    read_pool_file(str(tmp_path / "absent.jsonl"))

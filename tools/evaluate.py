@@ -40,7 +40,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from logrerank_jax import baselines, inference  # pylint: disable=g-import-not-at-top
-from logrerank_jax.data.pools import expand_pools  # pylint: disable=g-import-not-at-top
+from logrerank_jax.data.pools import expand_pools, read_corpus, read_pool_file  # pylint: disable=g-import-not-at-top
 from logrerank_jax.data.inference_input import parse_inference_record, read_inference_file  # pylint: disable=g-import-not-at-top
 from logrerank_jax.errors import DataError, LogRerankError  # pylint: disable=g-import-not-at-top
 from logrerank_jax.evaluation import (query_metrics, read_qrels, read_trec_run, rerank_metrics,  # pylint: disable=g-import-not-at-top
@@ -205,12 +205,9 @@ def main(argv=None) -> int:
     if args.corpus:
       pools_path = os.path.join(args.out_dir, "pools.jsonl")
       os.makedirs(args.out_dir, exist_ok=True)
-      with open(args.pools, encoding="utf-8") as f:
-        raw = [json.loads(line) for line in f if line.strip()]
-      with open(args.corpus, encoding="utf-8") as f:
-        corpus = [json.loads(line) for line in f if line.strip()]
+      expanded = expand_pools(read_pool_file(args.pools), read_corpus(args.corpus))
       with open(pools_path, "w", encoding="utf-8") as f:
-        for rec in expand_pools(raw, corpus):
+        for rec in expanded:
           f.write(json.dumps(rec, ensure_ascii=False) + "\n")
     pools = read_pools(pools_path)
     qrels = read_qrels(args.qrels) if args.qrels else label_qrels(pools)

@@ -80,28 +80,66 @@ def build_eval_pools(records: Sequence[dict], pool_size: int = 50,
   return pools, qrels
 
 
-def expand_pools(pool_records: Sequence[dict], corpus: Sequence[dict]) -> list[dict]:
+def expand_pools(pool_records: Sequence[dict],
+                 corpus: Sequence[dict] | Mapping[str, dict]) -> list[dict]:
   """Resolve id-only pools (`{"id", "input", "ctx_ids": [...]}`, as `tools/build_demo_data.py`
-  ships them) into OpenScholar pools with full ctxs from `corpus` (`{"id", "title", "text"}`).
+  ships them) into OpenScholar pools with full ctxs from `corpus`: entries `{"id", "title",
+  "text"}`, or `read_corpus`'s {id: entry}. Each pool as `resolve_pool` resolves it.
 
-  Records that already carry `ctxs` pass through unchanged.
+  Records that carry `ctxs` (and no `ctx_ids`) pass through unchanged.
 
   Raises:
-    ConfigError: a pool names a passage id the corpus lacks.
+    DataError: a corpus entry is not an object with an id, or an id repeats; a pool names a
+      passage id the corpus lacks, or carries both `ctxs` and `ctx_ids` (names the pool).
   """
-  by_id = {str(c["id"]): c for c in corpus}
-  out = []
-  for rec in pool_records:
-    if "ctx_ids" not in rec:
-      out.append(rec)
-      continue
-    missing = [i for i in rec["ctx_ids"] if str(i) not in by_id]
-    if missing:
-      raise ConfigError(f"pool {rec.get('id')!r}: passage ids not in the corpus: {missing[:5]}")
-    ctxs = [{"id": str(i), "title": by_id[str(i)].get("title", ""), "text": by_id[str(i)]["text"]}
-            for i in rec["ctx_ids"]]
-    out.append({k: v for k, v in rec.items() if k != "ctx_ids"} | {"ctxs": ctxs})
-  return out
+  by_id = corpus if isinstance(corpus, Mapping) else index_corpus(corpus)
+  return [resolve_pool(rec, by_id, where=f"pool {n}")
+          for n, rec in enumerate(pool_records, start=1)]
+
+
+def _corpus_id(entry, where: str) -> str:
+  pid = entry.get("id") if isinstance(entry, dict) else None
+  if isinstance(pid, bool) or not isinstance(pid, (str, int)):
+    raise DataError(f"{where}: expected a JSON object with an 'id' (string or integer)")
+  return str(pid)
+
+
+def index_corpus(entries: Sequence[dict], source: str = "corpus") -> dict[str, dict]:
+  """Corpus entries `{"id", "title", "text"}` as {id as a string: entry}, as `read_corpus`.
+
+  Raises:
+    DataError: an entry is not an object with an `id` (string or integer), or an id repeats
+      (names `source` and the entry's position, from 1).
+  """
+  by_id: dict[str, dict] = {}
+  for n, entry in enumerate(entries, start=1):
+    pid = _corpus_id(entry, f"{source} entry {n}")
+    if pid in by_id:
+      raise DataError(f"{source} entry {n}: passage id {pid!r} repeats")
+    by_id[pid] = entry
+  return by_id
+
+
+def read_pool_file(path: str) -> list:
+  """The JSON values of a pool file's non-blank lines (`expand_pools` and the pool readers
+  check what they hold).
+
+  Raises:
+    DataError: the file cannot be read, or a line is not JSON (names the file and line).
+  """
+  try:
+    f = open(path, encoding="utf-8")
+  except OSError as e:
+    raise DataError(f"cannot read pools {path} ({e.strerror or e})") from None
+  values = []
+  with f:
+    for n, line in enumerate(f, start=1):
+      if line.strip():
+        try:
+          values.append(json.loads(line))
+        except ValueError as e:
+          raise DataError(f"{path}:{n}: malformed JSON ({e})") from None
+  return values
 
 
 def read_corpus(path: str) -> dict[str, dict]:
@@ -124,28 +162,29 @@ def read_corpus(path: str) -> dict[str, dict]:
         entry = json.loads(line)
       except ValueError as e:
         raise DataError(f"{path}:{n}: malformed JSON ({e})") from None
-      pid = entry.get("id") if isinstance(entry, dict) else None
-      if isinstance(pid, bool) or not isinstance(pid, (str, int)):
-        raise DataError(f"{path}:{n}: expected a JSON object with an 'id' (string or integer)")
-      if str(pid) in by_id:
-        raise DataError(f"{path}:{n}: passage id {str(pid)!r} repeats")
-      by_id[str(pid)] = entry
+      pid = _corpus_id(entry, f"{path}:{n}")
+      if pid in by_id:
+        raise DataError(f"{path}:{n}: passage id {pid!r} repeats")
+      by_id[pid] = entry
   return by_id
 
 
 def resolve_pool(rec: dict, by_id: Mapping[str, dict], where: str = "record") -> dict:
-  """One id-only pool (`ctx_ids`) with its passages from a corpus (`read_corpus`), as
-  `expand_pools` resolves them; a record without `ctx_ids` is returned unchanged.
+  """One id-only pool (`ctx_ids`) with its passages from a corpus (`read_corpus`); a record
+  without `ctx_ids` is returned unchanged.
 
   Raises:
     DataError: `ctx_ids` is not a list, or names a passage the corpus lacks (names `where`, the
-      record's id and the first missing passage id).
+      record's id and the first missing passage id), or the record also carries `ctxs` (which
+      of the two is the pool would be a guess).
   """
   if "ctx_ids" not in rec:
     return rec
   ids = rec["ctx_ids"]
   if not isinstance(ids, list):
     raise DataError(f"{where}: 'ctx_ids' must be a list of passage ids, got {type(ids).__name__}")
+  if "ctxs" in rec:
+    raise DataError(f"{where}: pool {rec.get('id')!r} has both 'ctxs' and 'ctx_ids'; give one")
   missing = [i for i in ids if str(i) not in by_id]
   if missing:
     raise DataError(f"{where}: pool {rec.get('id')!r}: passage id {str(missing[0])!r} is not in "

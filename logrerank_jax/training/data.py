@@ -22,7 +22,7 @@ import numpy as np
 
 from logrerank_jax.data.inference_input import parse_inference_record
 from logrerank_jax.data.packing import PackingConfig, QueryInput, pack_for_model
-from logrerank_jax.data.pools import expand_pools
+from logrerank_jax.data.pools import expand_pools, read_corpus, read_pool_file
 from logrerank_jax.data.records import TrainingRecord
 from logrerank_jax.errors import ConfigError, DataError
 from logrerank_jax.evaluation import read_qrels
@@ -184,11 +184,9 @@ def pool_units(pools_path: str, qrels_path: str, corpus_path: str = ""
   Raises:
     DataError: a pool without usable text for some passage, or a pool without qrels.
   """
-  with open(pools_path, encoding="utf-8") as f:
-    pools = [json.loads(line) for line in f if line.strip()]
+  pools = read_pool_file(pools_path)
   if corpus_path:
-    with open(corpus_path, encoding="utf-8") as f:
-      pools = expand_pools(pools, [json.loads(line) for line in f if line.strip()])
+    pools = expand_pools(pools, read_corpus(corpus_path))
   qrels = read_qrels(qrels_path)
   units = []
   for i, raw in enumerate(pools):
