@@ -97,11 +97,38 @@ def expand_pools(pool_records: Sequence[dict],
           for n, rec in enumerate(pool_records, start=1)]
 
 
-def _corpus_id(entry, where: str) -> str:
-  pid = entry.get("id") if isinstance(entry, dict) else None
-  if isinstance(pid, bool) or not isinstance(pid, (str, int)):
-    raise DataError(f"{where}: expected a JSON object with an 'id' (string or integer)")
-  return str(pid)
+def _json_lines(path: str, what: str):
+  """(line number, JSON value) of each non-blank line of `path`.
+
+  Raises:
+    DataError: the file cannot be read ("cannot read `what` ..."), or a line is not JSON (names
+      the file and line).
+  """
+  try:
+    f = open(path, encoding="utf-8")
+  except OSError as e:
+    raise DataError(f"cannot read {what} {path} ({e.strerror or e})") from None
+  with f:
+    for n, line in enumerate(f, start=1):
+      if line.strip():
+        try:
+          value = json.loads(line)
+        except ValueError as e:
+          raise DataError(f"{path}:{n}: malformed JSON ({e})") from None
+        yield n, value
+
+
+def _index_by_id(located) -> dict[str, dict]:
+  """{id as a string: entry} of (where, entry) pairs; `where` names an entry in its error."""
+  by_id: dict[str, dict] = {}
+  for where, entry in located:
+    pid = entry.get("id") if isinstance(entry, dict) else None
+    if isinstance(pid, bool) or not isinstance(pid, (str, int)):
+      raise DataError(f"{where}: expected a JSON object with an 'id' (string or integer)")
+    if str(pid) in by_id:
+      raise DataError(f"{where}: passage id {str(pid)!r} repeats")
+    by_id[str(pid)] = entry
+  return by_id
 
 
 def index_corpus(entries: Sequence[dict], source: str = "corpus") -> dict[str, dict]:
@@ -111,13 +138,7 @@ def index_corpus(entries: Sequence[dict], source: str = "corpus") -> dict[str, d
     DataError: an entry is not an object with an `id` (string or integer), or an id repeats
       (names `source` and the entry's position, from 1).
   """
-  by_id: dict[str, dict] = {}
-  for n, entry in enumerate(entries, start=1):
-    pid = _corpus_id(entry, f"{source} entry {n}")
-    if pid in by_id:
-      raise DataError(f"{source} entry {n}: passage id {pid!r} repeats")
-    by_id[pid] = entry
-  return by_id
+  return _index_by_id((f"{source} entry {n}", e) for n, e in enumerate(entries, start=1))
 
 
 def read_pool_file(path: str) -> list:
@@ -127,19 +148,7 @@ def read_pool_file(path: str) -> list:
   Raises:
     DataError: the file cannot be read, or a line is not JSON (names the file and line).
   """
-  try:
-    f = open(path, encoding="utf-8")
-  except OSError as e:
-    raise DataError(f"cannot read pools {path} ({e.strerror or e})") from None
-  values = []
-  with f:
-    for n, line in enumerate(f, start=1):
-      if line.strip():
-        try:
-          values.append(json.loads(line))
-        except ValueError as e:
-          raise DataError(f"{path}:{n}: malformed JSON ({e})") from None
-  return values
+  return [value for _, value in _json_lines(path, "pools")]
 
 
 def read_corpus(path: str) -> dict[str, dict]:
@@ -149,24 +158,7 @@ def read_corpus(path: str) -> dict[str, dict]:
     DataError: the file cannot be read, or a line is not a JSON object with an `id` (string or
       integer), or an id repeats (names the file and line).
   """
-  by_id: dict[str, dict] = {}
-  try:
-    f = open(path, encoding="utf-8")
-  except OSError as e:
-    raise DataError(f"cannot read corpus {path} ({e.strerror or e})") from None
-  with f:
-    for n, line in enumerate(f, start=1):
-      if not line.strip():
-        continue
-      try:
-        entry = json.loads(line)
-      except ValueError as e:
-        raise DataError(f"{path}:{n}: malformed JSON ({e})") from None
-      pid = _corpus_id(entry, f"{path}:{n}")
-      if pid in by_id:
-        raise DataError(f"{path}:{n}: passage id {pid!r} repeats")
-      by_id[pid] = entry
-  return by_id
+  return _index_by_id((f"{path}:{n}", e) for n, e in _json_lines(path, "corpus"))
 
 
 def resolve_pool(rec: dict, by_id: Mapping[str, dict], where: str = "record") -> dict:
