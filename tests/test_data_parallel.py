@@ -1,7 +1,8 @@
 """Data-parallel training gives the same params on 1 and 4 devices, under pmap, shard_map and jit.
 
-Every run is a fresh subprocess (JAX reads the forced CPU device count at start-up). The toy runs
-use plain SGD and the LoG runs Adam with eps = 1, settings where the gradient's scale shows in
+The runs go in subprocesses that see 4 CPU devices (JAX reads the forced device count at
+start-up): the toy runs share one, the LoG runs another; a 1-device run uses the first device.
+The toy runs use plain SGD and the LoG runs Adam with eps = 1, settings where the gradient's scale shows in
 the params, and each suite includes the pre-fix step (checked shard_map reducing the gradient
 twice) to prove that its bound catches that bug.
 """
@@ -24,11 +25,15 @@ DEMO = ROOT / "logrerank_jax" / "demo_data"
 
 # ----------------------------------------------------------------------------- toy model
 
-def _run_toy(mode, ndev, out):
-  proc = subprocess.run([sys.executable, str(WORKERS / "dp_toy.py"), mode, str(ndev), str(out)],
-                        env=cpu_devices_env(ndev), capture_output=True, text=True, timeout=300)
+def _run_toys(runs, out_dir):
+  """(mode, ndev) runs, in order, all in ONE 4-device worker process (tests/workers/dp_toy.py:
+  each run on the first ndev devices with its own data and state; only the start-up is shared);
+  return (mode, ndev) -> saved arrays."""
+  args = [a for m, n in runs for a in (m, str(n), str(out_dir / f"{m}{n}.npz"))]
+  proc = subprocess.run([sys.executable, str(WORKERS / "dp_toy.py"), *args],
+                        env=cpu_devices_env(4), capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  return dict(np.load(out))
+  return {(m, n): dict(np.load(out_dir / f"{m}{n}.npz")) for m, n in runs}
 
 
 TOY_CASES = [("pmap", 4), ("shard_map", 4), ("shard_map", 1), ("jit", 4), ("jit", 1)]
@@ -40,9 +45,8 @@ TOY_ATOL = 1e-6
 
 @pytest.fixture(scope="module")
 def toy_runs(tmp_path_factory):
-  d = tmp_path_factory.mktemp("dp")
-  return {(m, n): _run_toy(m, n, d / f"{m}{n}.npz")
-          for m, n in [("pmap", 1)] + TOY_CASES + [("double", 4)]}
+  # The twice-reduced step last (the worker patches it for that run only).
+  return _run_toys([("pmap", 1)] + TOY_CASES + [("double", 4)], tmp_path_factory.mktemp("dp"))
 
 
 @pytest.mark.parametrize("mode,ndev", TOY_CASES, ids=[f"{m}-{n}dev" for m, n in TOY_CASES])

@@ -1,9 +1,12 @@
 """Train a toy masked regression data-parallel; save final params. Run in a subprocess.
 
-Usage: python dp_toy.py MODE NUM_DEVICES OUT.npz
+Usage: python dp_toy.py MODE NUM_DEVICES OUT.npz [MODE NUM_DEVICES OUT.npz ...]
   MODE: pmap | shard_map | jit, or "double": checked shard_map with the step as it was before
   the gradient fix (no varying cast of the params), which reduces the gradient twice.
-XLA_FLAGS must already force the CPU device count (it is read at JAX start-up).
+Several runs go one after another in this one process (they share the start-up), each on the
+first NUM_DEVICES devices, with its own data and state; a "double" run restores the real step
+when it ends. XLA_FLAGS must already force the CPU device count (it is read at JAX start-up) to at
+least the largest NUM_DEVICES.
 """
 
 import sys
@@ -26,8 +29,7 @@ def loss_fn(params, batch, rng):
   return {"mse": (err.sum(), batch["mask"].sum()), "l1": (l1.sum(), batch["mask2"].sum())}
 
 
-def main():
-  mode, ndev, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+def run_one(mode, ndev, out):
   devices = jax.local_devices()[:ndev]
   assert len(devices) == ndev, (len(jax.local_devices()), ndev)
   rs = np.random.RandomState(0)
@@ -38,10 +40,6 @@ def main():
   tx = optax.sgd(LR)
   state = step_lib.create_train_state(params, tx, seed=13)
   coefs = {"mse": 1.0, "l1": 0.1}
-  if mode == "double":
-    # The pre-fix step: with the cast gone, checked shard_map's implicit cast of the invariant
-    # params transposes to a psum, and the step's own psum then reduces a second time.
-    step_lib.jax.lax.pcast = lambda x, *args, **kwargs: x
   if mode == "pmap":
     run = step_lib.pmap_step(step_lib.make_per_device_step(loss_fn, coefs, tx))
     state = step_lib.replicate(state, devices)
@@ -69,6 +67,23 @@ def main():
   final = step_lib.unreplicate(state) if mode == "pmap" else state
   np.savez(out, w=np.asarray(final.params["w"]), b=np.asarray(final.params["b"]),
            step=np.asarray(final.step), losses=np.asarray(losses))
+
+
+def main():
+  args = sys.argv[1:]
+  if not args or len(args) % 3:
+    raise SystemExit("usage: dp_toy.py MODE NUM_DEVICES OUT.npz [MODE NUM_DEVICES OUT.npz ...]")
+  pcast = step_lib.jax.lax.pcast
+  for i in range(0, len(args), 3):
+    mode, ndev, out = args[i], int(args[i + 1]), args[i + 2]
+    if mode == "double":
+      # The pre-fix step: with the cast gone, checked shard_map's implicit cast of the invariant
+      # params transposes to a psum, and the step's own psum then reduces a second time.
+      step_lib.jax.lax.pcast = lambda x, *a, **k: x
+    try:
+      run_one(mode, ndev, out)
+    finally:
+      step_lib.jax.lax.pcast = pcast  # the next run gets the real step
 
 
 if __name__ == "__main__":
