@@ -72,10 +72,20 @@ def _assert_close(a, b, atol):
       np.testing.assert_allclose(a[k], b[k], rtol=0, atol=atol, err_msg=k)
 
 
-def test_kill_and_resume_gives_identical_params(data, tmp_path):
-  common = dict(max_steps=12, checkpoint_every_steps=2)
-  _run(_spec(data, tmp_path / "full", tmp_path / "full.npz", **common), 1, tmp_path / "a.json")
-  spec = _spec(data, tmp_path / "killed", tmp_path / "killed.npz", **common)
+RESUME_RUN = dict(max_steps=12, checkpoint_every_steps=2)
+
+
+@pytest.fixture(scope="module")
+def full_run(data, tmp_path_factory):
+  """One uninterrupted 12-step run, checkpointed every 2 steps: the reference of the resume test,
+  and the checkpoints the out-of-step test tampers with (each on its own copy)."""
+  d = tmp_path_factory.mktemp("full_run")
+  _run(_spec(data, d / "wd", d / "full.npz", **RESUME_RUN), 1, d / "a.json")
+  return d
+
+
+def test_kill_and_resume_gives_identical_params(data, full_run, tmp_path):
+  spec = _spec(data, tmp_path / "killed", tmp_path / "killed.npz", **RESUME_RUN)
   proc = _launch(spec, 1, tmp_path / "b.json")
   first = tmp_path / "killed" / "checkpoints" / "2"
   deadline = time.time() + 240
@@ -88,7 +98,7 @@ def test_kill_and_resume_gives_identical_params(data, tmp_path):
   assert not (tmp_path / "killed.npz").exists()
   summary = _run(spec, 1, tmp_path / "b.json")
   assert summary["step"] == 12
-  a, b = _params(tmp_path / "full.npz"), _params(tmp_path / "killed.npz")
+  a, b = _params(full_run / "full.npz"), _params(tmp_path / "killed.npz")
   for k in a:
     np.testing.assert_array_equal(a[k], b[k], err_msg=k)
   # Every checkpoint carries the streaming data iterator's state, at its own micro-step.
@@ -98,18 +108,19 @@ def test_kill_and_resume_gives_identical_params(data, tmp_path):
       assert meta["data_iterator"] == {"next_index": int(d.name)}, d
 
 
-def test_resume_refuses_a_data_iterator_out_of_step(data, tmp_path):
-  common = dict(max_steps=4, checkpoint_every_steps=2)
-  spec = _spec(data, tmp_path / "wd", tmp_path / "p.npz", **common)
-  _run(spec, 1, tmp_path / "a.json")
-  last = tmp_path / "wd" / "checkpoints" / "4" / "meta" / "metadata"
+def test_resume_refuses_a_data_iterator_out_of_step(data, full_run, tmp_path):
+  shutil.copytree(full_run / "wd", tmp_path / "wd")
+  spec = _spec(data, tmp_path / "wd", tmp_path / "p.npz", **RESUME_RUN)
+  last = tmp_path / "wd" / "checkpoints" / "12" / "meta" / "metadata"
   meta = json.loads(last.read_text())
-  meta["data_iterator"] = {"next_index": 3}
+  assert meta["data_iterator"] == {"next_index": 12}
+  meta["data_iterator"] = {"next_index": 11}
   last.write_text(json.dumps(meta))
   proc = _launch(spec, 1, tmp_path / "b.json")
   _, err = proc.communicate(timeout=300)
   assert proc.returncode != 0
-  assert "checkpoint step 4 but its data iterator is at micro-step 3" in err, err[-2000:]
+  assert "checkpoint step 12 but its data iterator is at micro-step 11" in err, err[-2000:]
+  assert not (tmp_path / "p.npz").exists()
 
 
 def test_feature_cache_equals_recompute_and_loss_falls(data, tmp_path):
