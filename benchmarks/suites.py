@@ -508,17 +508,21 @@ def init_log_params(cfg: lr.LoGConfig, example, seed: int = 0):
                                                                 lr.device_batch(example))
 
 
-def random_tiny_model(tokenizer, seed: int = 0, row_len: Optional[int] = None):
+def random_tiny_model(tokenizer, seed: int = 0, row_len: Optional[int] = None,
+                      **encoder_overrides):
   """A randomly initialised tiny LoG model for `tokenizer`'s vocabulary: (params, LoGConfig).
 
   What the engine needs to plan and pack real text when no trained weights matter (packing does
   not depend on them); the tests' tiny model folders (tests/test_inference.make_tiny_model) are
-  this model saved. `row_len` grows the encoder's positions to rows that long.
+  this model saved. `row_len` grows the encoder's positions to rows that long;
+  `encoder_overrides` replace encoder config fields (e.g. `num_hidden_layers=1` where only the
+  packing is measured and the forward is cost alone).
   """
   cfg = lr.LoGConfig.tiny(vocab_size=len(tokenizer))
+  enc = cfg.local.encoder.replace(**encoder_overrides)
   if row_len:
-    enc = cfg.local.encoder.replace(
-        max_position_embeddings=max(row_len, cfg.local.encoder.max_position_embeddings))
+    enc = enc.replace(max_position_embeddings=max(row_len, enc.max_position_embeddings))
+  if enc != cfg.local.encoder:
     cfg = dataclasses.replace(cfg, local=dataclasses.replace(cfg.local, encoder=enc))
   ex, _ = pack_queries([QueryInput("q", [["a b", "c"]])], tokenizer, PackingConfig(row_len=128))
   return init_log_params(cfg, ex, seed), cfg

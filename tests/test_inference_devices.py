@@ -217,7 +217,12 @@ def test_default_padding_efficiency_on_real_50_passage_pools():
   pools = expand_pools(read("test_pools.jsonl"), read("corpus.jsonl"))
   assert len(pools) == 30 and all(len(p["ctxs"]) == 50 for p in pools)
   tok = AutoTokenizer.from_pretrained(minilm.get_model_path())
-  params, cfg = random_tiny_model(tok)  # the builder benchmarks/suites.engine_padding uses too
+  # The builder benchmarks/suites.engine_padding uses too, with one encoder layer of one head:
+  # packing is the same for any encoder, and the 1,024-token rows' attention is most of the run's
+  # cost (3 layers x 2 heads: 67 CPU-s for this test alone, 1 x 1: 34).
+  params, cfg = random_tiny_model(tok, num_hidden_layers=1, num_attention_heads=1,
+                                  layer_types=None)
+  assert cfg.local.encoder.num_hidden_layers == 1
   rr = inference.Reranker(params, cfg, tok)
   assert rr.packing.row_len == 1024
   outs = rr.rerank_records(pools)
