@@ -171,34 +171,39 @@ def _free_port():
     return s.getsockname()[1]
 
 
-def _run_log_two_processes(log_data, mode):
+@pytest.fixture(scope="module")
+def two_process_runs(log_data):
   """The LoG runs of LOG_OVERRIDES as 2 processes x 2 CPU devices (jax.distributed, gloo), under
-  `mode`; the final params process 0 saved."""
-  port, procs = _free_port(), []
+  jit and then pmap, both runs in the same two worker processes (the second run joins the
+  distributed set-up the first made, tests/workers/train_worker.py); mode -> the final params
+  process 0 saved."""
+  port, procs, modes = _free_port(), [], ("jit", "pmap")
   for pid in range(2):
-    overrides = dict(LOG_OVERRIDES, train_file=str(log_data / "train.jsonl"), val_file="",
-                     tokenizer=str(log_data / "tok"), parallel=mode, distributed=True,
-                     coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=pid)
-    spec = {"config": "local", "overrides": overrides, "gloo": True,
-            "workdir": str(log_data / f"wd-{mode}-2proc"),
-            "out": str(log_data / f"{mode}-2proc.npz")}
-    path = log_data / f"{mode}-2proc-{pid}.json"
-    path.write_text(json.dumps(spec))
-    procs.append(subprocess.Popen([sys.executable, str(WORKERS / "train_worker.py"), str(path)],
-                                  env=cpu_devices_env(2), stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True))
+    paths = []
+    for mode in modes:
+      overrides = dict(LOG_OVERRIDES, train_file=str(log_data / "train.jsonl"), val_file="",
+                       tokenizer=str(log_data / "tok"), parallel=mode, distributed=True,
+                       coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=pid)
+      spec = {"config": "local", "overrides": overrides, "gloo": True,
+              "workdir": str(log_data / f"wd-{mode}-2proc"),
+              "out": str(log_data / f"{mode}-2proc.npz")}
+      paths.append(log_data / f"{mode}-2proc-{pid}.json")
+      paths[-1].write_text(json.dumps(spec))
+    procs.append(subprocess.Popen(
+        [sys.executable, str(WORKERS / "train_worker.py"), *map(str, paths)],
+        env=cpu_devices_env(2), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
   for p in procs:
     _, err = p.communicate(timeout=600)
     assert p.returncode == 0, err[-4000:]
-  with np.load(log_data / f"{mode}-2proc.npz") as z:
-    return {k: z[k] for k in z.files}
+  return {mode: _load_npz(log_data / f"{mode}-2proc.npz") for mode in modes}
 
 
-def test_log_jit_two_processes_equal_one_process(log_runs, log_data):
+def test_log_jit_two_processes_equal_one_process(log_runs, two_process_runs):
   # 2 processes x 2 CPU devices, one 4-device mesh: each process packs its own devices' shares
   # and `_place` assembles the global batch with jax.make_array_from_process_local_data.
   # Measured max |param difference| to the one-process 4-device jit run: 3.0e-8.
-  got = _run_log_two_processes(log_data, "jit")
+  got = two_process_runs["jit"]
+  assert int(got["__processes__"]) == 2  # this run, too, was one of two processes
   np.testing.assert_allclose(got["__loss__"], log_runs["jit-4dev"]["__loss__"], rtol=1e-5)
   assert _max_param_diff(got, log_runs["jit-4dev"]) < LOG_ATOL
 
@@ -218,10 +223,11 @@ def test_training_changed_the_params(log_runs):
   assert _max_param_diff(log_runs["lr0-1dev"], log_runs["pmap-1dev"]) > 1000 * LOG_ATOL
 
 
-def test_log_pmap_two_processes_equal_one_process(log_runs, log_data):
+def test_log_pmap_two_processes_equal_one_process(log_runs, two_process_runs):
   # 2 processes x 2 CPU devices under pmap (jax.distributed), against the one-process 4-device
   # pmap run. (Moved from tests/test_training.py.)
-  got = _run_log_two_processes(log_data, "pmap")
+  got = two_process_runs["pmap"]
+  assert int(got["__processes__"]) == 2  # this run, too, was one of two processes
   np.testing.assert_allclose(got["__loss__"], log_runs["pmap-4dev"]["__loss__"], rtol=1e-5)
   assert _max_param_diff(got, log_runs["pmap-4dev"]) < LOG_ATOL
 

@@ -42,9 +42,21 @@ class TrainingDivergedError(LogRerankError):
 
 # ----------------------------------------------------------------------------- set-up helpers
 
+def _distributed_initialized() -> bool:
+  is_initialized = getattr(jax.distributed, "is_initialized", None)
+  if is_initialized is not None:
+    return bool(is_initialized())
+  # JAX releases without the public check keep the same state here.
+  from jax._src import distributed  # pylint: disable=g-import-not-at-top
+  return distributed.global_state.client is not None
+
+
 def _topology(config):
-  """Initialise multi-host JAX if asked; return (local devices used, process index, processes)."""
-  if config.distributed:
+  """Initialise multi-host JAX if asked; return (local devices used, process index, processes).
+
+  JAX initialises once per process, so a second run in the same process (the global stage after
+  the local one, in one script) joins the set-up the first made instead of failing."""
+  if config.distributed and not _distributed_initialized():
     kwargs = {}
     if config.coordinator_address:
       kwargs = dict(coordinator_address=config.coordinator_address,

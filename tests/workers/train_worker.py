@@ -57,6 +57,7 @@ def run(spec):
             for p, x in jax.tree_util.tree_leaves_with_path(params)}
     flat["__step__"] = np.asarray(summary["step"])
     flat["__loss__"] = np.asarray(summary["loss"])
+    flat["__processes__"] = np.asarray(jax.process_count())
     np.savez(spec["out"], **flat)
   print(json.dumps({k: v for k, v in summary.items() if k != "model_dir"}, default=str))
 
