@@ -128,6 +128,9 @@ def pytest_collection_modifyitems(session, config, items):
   """Order test files heaviest first (HEAVIEST_FIRST); a stable sort keeps each file's tests
   together and in their own order."""
   del session, config
+  gone = [name for name in HEAVIEST_FIRST if not (pathlib.Path(__file__).parent / name).exists()]
+  if gone:  # a renamed file would silently lose its place
+    raise pytest.UsageError(f"tests/conftest.py HEAVIEST_FIRST names missing test files: {gone}")
   rank = {name: i for i, name in enumerate(HEAVIEST_FIRST)}
   items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
