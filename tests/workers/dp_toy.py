@@ -17,6 +17,7 @@ import numpy as np
 import optax
 
 from logrerank_jax.training import step as step_lib
+from pre_fix_step import gradient_reduced_twice  # tests/workers/, this script's folder
 
 LR = 0.05
 
@@ -73,17 +74,10 @@ def main():
   args = sys.argv[1:]
   if not args or len(args) % 3:
     raise SystemExit("usage: dp_toy.py MODE NUM_DEVICES OUT.npz [MODE NUM_DEVICES OUT.npz ...]")
-  pcast = step_lib.jax.lax.pcast
   for i in range(0, len(args), 3):
     mode, ndev, out = args[i], int(args[i + 1]), args[i + 2]
-    if mode == "double":
-      # The pre-fix step: with the cast gone, checked shard_map's implicit cast of the invariant
-      # params transposes to a psum, and the step's own psum then reduces a second time.
-      step_lib.jax.lax.pcast = lambda x, *a, **k: x
-    try:
+    with gradient_reduced_twice(active=mode == "double"):
       run_one(mode, ndev, out)
-    finally:
-      step_lib.jax.lax.pcast = pcast  # the next run gets the real step
 
 
 if __name__ == "__main__":

@@ -30,17 +30,12 @@ def load_config(name, variant):
 
 
 def run(spec):
-  from logrerank_jax.training import step as step_lib  # pylint: disable=g-import-not-at-top
+  from pre_fix_step import gradient_reduced_twice  # pylint: disable=g-import-not-at-top
   from logrerank_jax.training import trainer  # pylint: disable=g-import-not-at-top
   from logrerank_jax.models.model_folder import load_model  # pylint: disable=g-import-not-at-top
   if spec.get("gloo"):
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  pcast = step_lib.jax.lax.pcast
-  if spec.get("double_reduce"):
-    # The per-device step as it was before the gradient fix (no varying cast of the params):
-    # under checked shard_map its gradient is reduced twice (tests/test_data_parallel.py).
-    step_lib.jax.lax.pcast = lambda x, *args, **kwargs: x
-  try:
+  with gradient_reduced_twice(active=bool(spec.get("double_reduce"))):
     config = load_config(spec["config"], spec.get("variant", "tiny"))
     config.progress_bar = False
     for k, v in spec.get("overrides", {}).items():
@@ -48,8 +43,6 @@ def run(spec):
     t0 = time.perf_counter()
     summary = trainer.train_and_evaluate(config, spec["workdir"])
     summary["wall_s"] = time.perf_counter() - t0
-  finally:
-    step_lib.jax.lax.pcast = pcast  # the next spec of this process gets the real step
   if jax.process_index() == 0 and spec.get("out"):
     # With no validation file the exported model holds the final params of the run.
     params, _, _ = load_model(summary["model_dir"], need_tokenizer=False)
