@@ -9,7 +9,9 @@
 
 Suites: encoder, train_step, kernels, pipeline, packing, attention_work, recompile, cache, params
 (see benchmarks/); `serving` (not in `all`: it needs a trained model folder, `--checkpoint`) is
-the HTTP load test of `tools/serve.py` against the in-process engine (benchmarks/serving.py).
+the HTTP load test of `tools/serve.py` against the in-process engine (benchmarks/serving.py);
+`host` (not in `all`) is the engine's host work per real 50-passage query on one thread and its
+throughput with 1 and 2 worker processes (benchmarks/host.py; `taskset -c 1` for one core).
 `attention_work` counts, per attention path, the query x key pairs it computes against those
 the masks keep (`attention_work_efficiency`, also copied to the JSON's top level).
 `encoder`, `train_step` and `kernels` are `benchmarks.encoder` (interleaved
@@ -31,7 +33,7 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 SUITES = ("params", "packing", "attention_work", "encoder", "train_step", "kernels", "pipeline",
           "cache", "recompile")
 ENCODER_SUITES = ("encoder", "train_step", "kernels")  # benchmarks.encoder, in a child process
-EXTRA_SUITES = ("serving",)  # run only when named
+EXTRA_SUITES = ("serving", "host")  # run only when named
 
 
 def parse_args(argv=None):
@@ -184,6 +186,9 @@ def main(argv=None):
       results[suite] = bm.recompile_suite(get_pools(), tokenizer, args.size,
                                           num_queries=args.recompile_queries,
                                           engine=not args.no_engine)
+    elif suite == "host":
+      from benchmarks import host  # pylint: disable=g-import-not-at-top
+      results[suite] = host.host_suite()
     elif suite == "serving":
       from benchmarks import serving  # pylint: disable=g-import-not-at-top
       results[suite] = serving.serving_suite(args.checkpoint, clients=args.clients,

@@ -12,7 +12,9 @@ fixed set of shapes (query slots, rows, spans, nodes all bucketed), so they comp
 bucket (`Planner.local_shapes`, `Planner.node_buckets`). The limit left is memory.
 
 Pure host code (tokeniser and NumPy): it can run on worker threads ahead of the devices, each
-with its own copy of the tokenizer.
+with its own copy of the tokenizer. A group of records is tokenised once (`Planner.tokenize`, one
+batched tokeniser call, most of the host work): the plan counts those ids and the calls pack
+them.
 """
 
 import dataclasses
@@ -22,8 +24,9 @@ import numpy as np
 
 from logrerank_jax.data.inference_input import InferenceRecord
 from logrerank_jax.data.packing import (INFERENCE_ROW_BUCKETS, BucketOverflowError,
-                                        PackingConfig, QueryInput, bucket_size, grown_buckets,
-                                        pack_for_model)
+                                        PackingConfig, QueryInput, TokenizedQuery, _validate,
+                                        bucket_size, grown_buckets, pack_tokenized_for_model,
+                                        special_ids, tokenize_queries)
 from logrerank_jax.models import log_reranker as lr
 from logrerank_jax.schema import MODEL_KEYS, NODE_KEYS, NUM_ROLES, SPAN_KEYS, TOKEN_KEYS
 
@@ -156,22 +159,42 @@ class Planner:
 
   # ------------------------------------------------------------------------------- local
 
-  def token_counts(self, records: Sequence[InferenceRecord], tokenizer=None):
-    """(query tokens, tokens per passage) of each record: the cost used to cut queries into
-    calls that fit the buckets (one batched tokeniser call)."""
-    tokenizer = tokenizer or self.tokenizer
-    texts = [r.query for r in records] + [s for r in records for p in r.sentence_texts for s in p]
-    lens = iter(len(t) for t in tokenizer(texts, add_special_tokens=False)["input_ids"])
-    queries = [next(lens) for _ in records]
-    return [(q, [sum(next(lens) + 1 for _ in p) for p in r.sentence_texts])
-            for q, r in zip(queries, records)]
+  def tokenize(self, records: Sequence[InferenceRecord], tokenizer=None) -> List[TokenizedQuery]:
+    """Each record's query and sentences as token ids, from one batched tokeniser call for the
+    whole group: the ids the plan counts (`token_counts`) and the calls pack (`pack_call`), so
+    the text is tokenised once. Sentences are tokenised as the model's packing tokenises them
+    (`pack_for_model`: a leading space on sentence j > 0 of a passage with contextual encoding
+    and `space_between_sentences`, none without contextual encoding).
 
-  def passage_items(self, records: Sequence[InferenceRecord], tokenizer=None) -> list:
+    Raises:
+      DataError: a record that breaks `QueryInput`'s types (e.g. an empty query).
+    """
+    queries = [QueryInput(r.query, r.sentence_texts) for r in records]
+    _validate(queries)
+    space = self.cfg.contextual_encoding and self.local_packing.space_between_sentences
+    return tokenize_queries(queries, tokenizer or self.tokenizer, space)
+
+  def token_counts(self, records: Sequence[InferenceRecord], tokenizer=None, tokens=None):
+    """(query tokens, tokens per passage) of each record: the cost used to cut queries into
+    calls that fit the buckets, counted on `tokens` (the records' `tokenize` output; tokenised
+    here when None). A passage counts one token more per sentence than its sentences' ids."""
+    if tokens is None:
+      tokens = self.tokenize(records, tokenizer)
+    out = []
+    for t in tokens:
+      cum = np.concatenate([[0], np.cumsum(t.lengths + 1)])
+      ends = np.cumsum(t.passage_sizes)
+      out.append((len(t.query_ids), (cum[ends] - cum[ends - t.passage_sizes]).tolist()))
+    return out
+
+  def passage_items(self, records: Sequence[InferenceRecord], tokenizer=None,
+                    tokens=None) -> list:
     """(record, passage, tokens, spans, nodes) of every scorable passage, in order: the tokens
-    of its windows (the query repeated in each), its span-table entries and its sentences."""
+    of its windows (the query repeated in each), its span-table entries and its sentences.
+    `tokens`: the records' `tokenize` output (tokenised here when None)."""
     pk = self.packing
     row_len = pk.row_len
-    counts = self.token_counts(records, tokenizer)
+    counts = self.token_counts(records, tokenizer, tokens)
     items = []
     for ri, rec in enumerate(records):
       q_len, p_lens = counts[ri]
@@ -194,7 +217,7 @@ class Planner:
       out[ri] += tokens
     return out
 
-  def local_calls(self, records: Sequence[InferenceRecord], tokenizer=None):
+  def local_calls(self, records: Sequence[InferenceRecord], tokenizer=None, tokens=None):
     """Cut the records' scorable passages into nearly full local-stage calls.
 
     The passages of all `records` (in order) are cut into the fewest calls that fit the
@@ -202,14 +225,15 @@ class Planner:
     with the tokens balanced over the calls (so the last call is not a small remainder). A slot
     is (record index, passage indices) of one record: a query may spread over several slots and
     calls (local scores depend only on the (query, passage) sequence, so this changes no score).
-    Returns a list of calls, each a list of slots.
+    `tokens`: the records' `tokenize` output (tokenised here when None). Returns a list of
+    calls, each a list of slots.
     """
     pk = self.packing
     max_rows = pk.row_buckets[-1]
     span_budget, node_budget = self.rung(max_rows)
     span_budget -= 1  # span 0 is the dummy
     token_budget = int(CALL_FILL * max_rows * pk.row_len)
-    items = self.passage_items(records, tokenizer)
+    items = self.passage_items(records, tokenizer, tokens)
     total = sum(t for _, _, t, _, _ in items)
     n_calls = max(1, -(-total // token_budget),
                   -(-sum(sp for _, _, _, sp, _ in items) // span_budget))
@@ -237,17 +261,23 @@ class Planner:
       calls.append(cur)
     return calls
 
-  def pack_call(self, records, call, tokenizer=None):
+  def pack_call(self, records, call, tokenizer=None, tokens=None):
     """Pack one local call into its row bucket's shape: [(slots, model arrays, PackInfo)].
 
-    A call that overflows the largest bucket is split in halves, and a single passage too
-    large for every bucket gets grown buckets (one more shape, not an error)."""
+    `tokens` holds the records' `tokenize` output (indexed by record) when the caller tokenised
+    them already; else the call's records are tokenised here. Each slot packs its passages'
+    ids, the same arrays `pack_for_model` makes from their text. A call that overflows the
+    largest bucket is split in halves, and a single passage too large for every bucket gets
+    grown buckets (one more shape, not an error)."""
     tokenizer = tokenizer or self.tokenizer
-    queries = [QueryInput(records[ri].query, [records[ri].sentence_texts[pi] for pi in pis])
-               for ri, pis in call]
+    if tokens is None:
+      used = sorted({ri for ri, _ in call})
+      tokens = dict(zip(used, self.tokenize([records[ri] for ri in used], tokenizer)))
+    queries = [tokens[ri].select(pis) for ri, pis in call]
+    special = special_ids(tokenizer)
     try:
-      batch, info = pack_for_model(queries, tokenizer, self.local_packing,
-                                   self.cfg.contextual_encoding)
+      batch, info = pack_tokenized_for_model(queries, special, self.local_packing,
+                                             self.cfg.contextual_encoding)
       spans = int(np.flatnonzero(batch.span_kind).max(initial=0)) + 1
       shape = self.local_shape(info.num_rows_used, spans, int(batch.node_mask.sum(1).max()))
       if shape is None:
@@ -260,20 +290,22 @@ class Planner:
         else:
           (ri, pis), = call
           halves = [[(ri, pis[:len(pis) // 2])], [(ri, pis[len(pis) // 2:])]]
-        return [part for h in halves for part in self.pack_call(records, h, tokenizer)]
+        return [part for h in halves for part in self.pack_call(records, h, tokenizer, tokens)]
     # One passage alone overflows: grow every bucket to cover it.
     big = dataclasses.replace(self.local_packing,
                               row_buckets=grown_buckets(self.packing.row_buckets, 1 << 20),
                               span_buckets=grown_buckets(self.packing.span_buckets, 1 << 22),
                               node_buckets=grown_buckets(self.packing.node_buckets, 1 << 22))
-    batch, info = pack_for_model(queries, tokenizer, big, self.cfg.contextual_encoding)
+    batch, info = pack_tokenized_for_model(queries, special, big, self.cfg.contextual_encoding)
     return [(call, {k: getattr(batch, k) for k in MODEL_KEYS}, info)]
 
   def local_jobs(self, records: Sequence[InferenceRecord], tokenizer=None) -> list:
-    """Host work of a group of records (tokenise, plan the local calls, pack them): the
+    """Host work of a group of records (tokenise once, plan the local calls, pack them): the
     local-stage jobs `(model arrays, (slots, model arrays, PackInfo))` the engine runs."""
-    return [(arrays, (part, arrays, info)) for call in self.local_calls(records, tokenizer)
-            for part, arrays, info in self.pack_call(records, call, tokenizer)]
+    tokens = self.tokenize(records, tokenizer)
+    return [(arrays, (part, arrays, info))
+            for call in self.local_calls(records, tokenizer, tokens)
+            for part, arrays, info in self.pack_call(records, call, tokenizer, tokens)]
 
   def passage_info_of(self, rec: InferenceRecord, pis, infos) -> list:
     """Per packed passage (num_windows, truncated, empty), for the passages `pis` of `rec`."""
