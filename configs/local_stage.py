@@ -64,6 +64,9 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   config.dense_prior_gradient = True     # split only: False = the prior's pass is a stop-gradient
   config.score_temperature = 1.0         # NOT in the paper when != 1: z_local = sigmoid(l / T),
                                          # what the graph and GAT read (local_scorer.py)
+  config.local_head_zero_init = False   # NOT in the paper when True: MLP_local's output layer
+                                         # starts at 0, so the local logit starts at the dense
+                                         # prior and the head learns a correction (local_scorer.py)
   config.global_residual = False         # NOT in the paper when True: global logit = local logit
                                          # + the GAT's correction, which starts at 0 (graph_reranker.py)
   config.graph_k = 8                     # similarity top-k (global stage; kept for one model config)

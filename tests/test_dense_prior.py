@@ -76,6 +76,38 @@ def test_off_by_default_and_exactly_added_when_on(setup):
   assert np.any(m > 0) and np.any(m == 0)  # sentence spans and padding/query spans both present
 
 
+def test_zero_initialised_head_starts_at_the_prior_and_learns(setup):
+  """`local_head_zero_init`: MLP_local's output layer starts at zero and every other param is
+  drawn as without it, so the initial local logit is w * cos alone; the output layer still gets
+  a gradient, so the head can learn its correction."""
+  base, args = setup
+  on = dataclasses.replace(base, dense_prior=7.5, dense_prior_encoding="joint")
+  zero = dataclasses.replace(on, local_head_zero_init=True)
+  p_on = jax.jit(LocalScorer(on).init)(jax.random.PRNGKey(0), *args)["params"]
+  p_zero = jax.jit(LocalScorer(zero).init)(jax.random.PRNGKey(0), *args)["params"]
+  out_layer = p_zero["local_mlp"]["out"]
+  assert not np.any(out_layer["kernel"]) and not np.any(out_layer["bias"])
+  assert np.any(p_on["local_mlp"]["out"]["kernel"])
+  flat_on = dict(jax.tree_util.tree_leaves_with_path(p_on))
+  for path, leaf in jax.tree_util.tree_leaves_with_path(p_zero):
+    if "out" not in jax.tree_util.keystr(path) or "local_mlp" not in jax.tree_util.keystr(path):
+      np.testing.assert_array_equal(leaf, flat_on[path], err_msg=jax.tree_util.keystr(path))
+  out = jax.jit(LocalScorer(zero).apply)({"params": p_zero}, *args)
+  h, hq, m = (np.asarray(out[k], np.float64) for k in ("h", "h_query", "span_mask"))
+  cos = np.sum(h * hq, -1) / np.maximum(np.linalg.norm(h, axis=-1) * np.linalg.norm(hq, axis=-1),
+                                        1e-6)
+  # The head adds exactly 0; what remains is float32 cosine vs float64 (bound as above).
+  np.testing.assert_allclose(np.asarray(out["local_logit"]), 7.5 * cos * m, atol=1e-5)
+  mask = jnp.asarray(out["span_mask"], jnp.float32)
+
+  def loss(out_layer):  # a loss that orders the sentence spans, as a function of the out layer
+    params = {**p_zero, "local_mlp": {**p_zero["local_mlp"], "out": out_layer}}
+    logit = LocalScorer(zero).apply({"params": params}, *args)["local_logit"]
+    return jnp.sum(logit * mask * jnp.arange(mask.shape[0]))
+  grad = jax.jit(jax.grad(loss))(out_layer)["kernel"]
+  assert np.abs(np.asarray(grad)).max() > 1e-6
+
+
 def _standalone_cos(encoder, enc_params, args, bert: bool, passage: bool = False):
   """Reference for the split prior: cut every packed sequence into its query side ([CLS] q
   [SEP], the tokens before its first sentence token) and its passage side (the rest), run the
@@ -217,8 +249,9 @@ def test_config_round_trip_and_old_configs(setup):
   del d["log_config"]["local"]["score_temperature"]
   del d["log_config"]["local"]["dense_prior_pooling"]
   del d["log_config"]["local"]["dense_prior_gradient"]
+  del d["log_config"]["local"]["local_head_zero_init"]
   old = config_io.log_config_from_dict(d).local
-  assert old.dense_prior_gradient
+  assert old.dense_prior_gradient and not old.local_head_zero_init
   assert (old.dense_prior, old.dense_prior_encoding, old.dense_prior_pooling,
           old.score_temperature) == (20.0, "joint", "sentence", 1.0)
   del d["log_config"]["local"]["dense_prior"]  # a model saved before the field existed
@@ -232,3 +265,22 @@ def test_config_round_trip_and_old_configs(setup):
   with pytest.raises(ConfigError, match="needs dense_prior_encoding='split'"):
     LocalScorerConfig(encoder=base.encoder, dense_prior=1.0, dense_prior_encoding="joint",
                       dense_prior_pooling="passage")
+
+
+def test_training_config_keys_reach_the_local_config():
+  """The local stage's config keys of this module's options become the model's LocalScorerConfig
+  (configs/local_stage.py -> training/stages.build_model_config); their defaults are the paper's."""
+  import pathlib  # pylint: disable=g-import-not-at-top
+  from logrerank_jax.training import stages  # pylint: disable=g-import-not-at-top
+  from logrerank_jax.training.config_files import load_config_module  # pylint: disable=g-import-not-at-top
+  path = pathlib.Path(__file__).resolve().parents[1] / "configs" / "local_stage.py"
+  config = load_config_module(str(path)).get_config("tiny")
+  paper = stages.build_model_config(config, 800).local
+  assert (paper.dense_prior, paper.local_head_zero_init, paper.score_temperature) == (0.0, False,
+                                                                                      1.0)
+  config.update(dict(dense_prior=20.0, dense_prior_pooling="passage", dense_prior_gradient=False,
+                     local_head_zero_init=True, score_temperature=4.0))
+  local = stages.build_model_config(config, 800).local
+  assert (local.dense_prior, local.dense_prior_encoding, local.dense_prior_pooling,
+          local.dense_prior_gradient, local.local_head_zero_init, local.score_temperature) == (
+              20.0, "split", "passage", False, True, 4.0)

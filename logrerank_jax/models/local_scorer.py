@@ -159,6 +159,13 @@ class LocalScorerConfig:
   # sigmoid(l) is above 0.999 for 43 % of sentences and the graph stage sees no ranking
   # (docs/DEMO.md).
   score_temperature: float = 1.0
+  # NOT in the paper (default False, the paper's randomly initialised MLP_local): the output
+  # layer of MLP_local starts at zero, so at step 0 the local logit is the dense prior's
+  # w * cos(q, s) alone (the bi-encoder's ranking, for a split prior with passage pooling) and
+  # the head learns a correction to it, as `GraphRerankerConfig.residual_local` does for the GAT.
+  # A random output layer adds an untrained score of its own that a few hundred steps at the
+  # paper's learning rate do not remove (docs/DEMO.md). Changes the initial params only.
+  local_head_zero_init: bool = False
 
   def __post_init__(self):
     for name in ("intent_hidden", "role_hidden", "g_dim", "local_hidden"):
@@ -194,17 +201,20 @@ class LocalScorerConfig:
 
 
 class _Mlp(nn.Module):
-  """Dense -> exact GELU -> dropout -> Dense, all float32."""
+  """Dense -> exact GELU -> dropout -> Dense, all float32 (`zero_out`: the last Dense starts at
+  zero, so the MLP outputs 0 until it trains)."""
   hidden: int
   out: int
   dropout: float
+  zero_out: bool = False
 
   @nn.compact
   def __call__(self, x, deterministic: bool):
     x = nn.Dense(self.hidden, dtype=jnp.float32, name="hidden")(x)
     x = nn.gelu(x, approximate=False)
     x = nn.Dropout(self.dropout)(x, deterministic=deterministic)
-    return nn.Dense(self.out, dtype=jnp.float32, name="out")(x)
+    kernel_init = nn.initializers.zeros if self.zero_out else nn.linear.default_kernel_init
+    return nn.Dense(self.out, dtype=jnp.float32, kernel_init=kernel_init, name="out")(x)
 
 
 def pool_spans(hidden, span_ids, num_spans: int):
@@ -365,7 +375,8 @@ class LocalScorer(nn.Module):
     g = nn.Dense(cfg.g_dim, use_bias=False, dtype=jnp.float32, name="proj_g")(
         intent_probs * role_probs)  # [S, g_dim]
     x = jnp.concatenate([h_q, h_s, g], axis=-1)  # [S, 2d + g_dim]
-    logit = _Mlp(cfg.local_hidden, 1, cfg.dropout, name="local_mlp")(x, deterministic)[:, 0]  # [S]
+    logit = _Mlp(cfg.local_hidden, 1, cfg.dropout, zero_out=cfg.local_head_zero_init,
+                 name="local_mlp")(x, deterministic)[:, 0]  # [S]
     if cfg.use_dense_prior:
       scale = self.param("dense_prior_scale",
                          lambda _, shape: jnp.full(shape, cfg.dense_prior, jnp.float32), (1,))

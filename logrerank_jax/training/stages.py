@@ -62,7 +62,8 @@ def build_model_config(config, vocab_size: int) -> lr.LoGConfig:
                               dense_prior_encoding=config.get("dense_prior_encoding", "split"),
                               dense_prior_pooling=config.get("dense_prior_pooling", "sentence"),
                               dense_prior_gradient=bool(config.get("dense_prior_gradient", True)),
-                              score_temperature=float(config.get("score_temperature", 1.0)))
+                              score_temperature=float(config.get("score_temperature", 1.0)),
+                              local_head_zero_init=bool(config.get("local_head_zero_init", False)))
   gat = dataclasses.replace(cfg.graph_reranker, dropout=config.dropout, dtype=dtype,
                             residual_local=bool(config.get("global_residual", False)))
   graph = dataclasses.replace(cfg.graph, k=config.graph_k, tau_sim=config.tau_sim,
