@@ -159,6 +159,10 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     # The bi-encoder's own pooling (whole query and passage segments), so the prior starts at the
     # zero-shot bi-encoder's passage ranking (docs/DEMO.md, probes R1 and R2).
     config.dense_prior_pooling = "passage"
+    # MLP_local's output layer starts at zero: the local logit starts at the prior (the zero-shot
+    # bi-encoder's passage ranking) instead of the prior plus an untrained head's score, which
+    # 160 steps at 2e-5 do not remove (docs/DEMO.md, probe Z1).
+    config.local_head_zero_init = True
     config.max_seq_len = 256               # shorter rows; longer passages become windows
     config.max_query_tokens = 48
     config.num_epochs = 1
