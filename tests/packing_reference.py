@@ -11,7 +11,8 @@ from typing import Optional, Sequence
 import numpy as np
 
 from logrerank_jax.data.packing import (PackedBatch, PackingConfig, PackInfo, PassagePackInfo,
-                                        QueryInput, _validate, bucket_size, special_ids)
+                                        QueryInput, bucket_size, special_ids,
+                                        validate_queries)
 from logrerank_jax.schema import SPAN_NONE, SPAN_QUERY, SPAN_SENTENCE
 
 
@@ -33,7 +34,7 @@ def reference_pack_queries(queries: Sequence[QueryInput], tokenizer,
     ConfigError: the batch exceeds the largest bucket, or the tokenizer lacks special tokens.
   """
   cfg = cfg or PackingConfig()
-  _validate(queries)
+  validate_queries(queries)
   cls_id, sep_id, pad_id, unk_id = special_ids(tokenizer)
   row_len = cfg.row_len
 

@@ -187,7 +187,7 @@ def grown_buckets(buckets: Sequence[int], n: int) -> tuple[int, ...]:
   return tuple(out)
 
 
-def _validate(queries) -> None:
+def validate_queries(queries) -> None:
   """Raise DataError on queries that do not follow QueryInput's types."""
   if not isinstance(queries, (list, tuple)):
     raise DataError(f"pack_queries expects a list of QueryInput, got {type(queries).__name__}")
@@ -314,7 +314,7 @@ def pack_queries(queries: Sequence[QueryInput], tokenizer,
     ConfigError: the batch exceeds the largest bucket, or the tokenizer lacks special tokens.
   """
   cfg = cfg or PackingConfig()
-  _validate(queries)
+  validate_queries(queries)
   special = special_ids(tokenizer)
   return pack_tokenized(tokenize_queries(queries, tokenizer, cfg.space_between_sentences),
                         special, cfg)
@@ -551,7 +551,7 @@ def pack_for_model(queries: Sequence[QueryInput], tokenizer, cfg: Optional[Packi
   if contextual_encoding:
     return pack_queries(queries, tokenizer, cfg)
   cfg = cfg or PackingConfig()
-  _validate(queries)
+  validate_queries(queries)
   special = special_ids(tokenizer)
   # Each sentence is the first of its own passage: no leading space.
   tokens = tokenize_queries(queries, tokenizer, space_between_sentences=False)

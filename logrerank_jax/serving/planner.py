@@ -24,9 +24,10 @@ import numpy as np
 
 from logrerank_jax.data.inference_input import InferenceRecord
 from logrerank_jax.data.packing import (INFERENCE_ROW_BUCKETS, BucketOverflowError,
-                                        PackingConfig, QueryInput, TokenizedQuery, _validate,
+                                        PackingConfig, QueryInput, TokenizedQuery,
                                         bucket_size, grown_buckets, pack_tokenized_for_model,
-                                        special_ids, tokenize_queries)
+                                        special_ids, tokenize_queries,
+                                        validate_queries)
 from logrerank_jax.models import log_reranker as lr
 from logrerank_jax.schema import MODEL_KEYS, NODE_KEYS, NUM_ROLES, SPAN_KEYS, TOKEN_KEYS
 
@@ -170,7 +171,7 @@ class Planner:
       DataError: a record that breaks `QueryInput`'s types (e.g. an empty query).
     """
     queries = [QueryInput(r.query, r.sentence_texts) for r in records]
-    _validate(queries)
+    validate_queries(queries)
     space = self.cfg.contextual_encoding and self.local_packing.space_between_sentences
     return tokenize_queries(queries, tokenizer or self.tokenizer, space)
 
