@@ -61,6 +61,8 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   config.dense_prior_pooling = "sentence"  # split only: "sentence" = cos(query, sentence) means;
                                          # "passage" = cos of whole-segment means (the
                                          # bi-encoder's pooling), the same for a passage's sentences
+  config.dense_prior_passage_cls = True  # split only: the passage side gets a [CLS] (the query's
+                                         # closing [SEP] slot), as the bi-encoder encodes it
   config.dense_prior_gradient = True     # split only: False = the prior's pass is a stop-gradient
   config.score_temperature = 1.0         # NOT in the paper when != 1: z_local = sigmoid(l / T),
                                          # what the graph and GAT read (local_scorer.py)

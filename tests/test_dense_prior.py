@@ -108,12 +108,15 @@ def test_zero_initialised_head_starts_at_the_prior_and_learns(setup):
   assert np.abs(np.asarray(grad)).max() > 1e-6
 
 
-def _standalone_cos(encoder, enc_params, args, bert: bool, passage: bool = False):
+def _standalone_cos(encoder, enc_params, args, bert: bool, passage: bool = False,
+                    passage_cls: bool = True):
   """Reference for the split prior: cut every packed sequence into its query side ([CLS] q
   [SEP], the tokens before its first sentence token) and its passage side (the rest), run the
   encoder on each as a sequence of its own (positions 0... and 1...; token type 0), mean-pool
   each span's tokens there (`passage`: every token of the span's piece, as a bi-encoder pools),
-  and return {sentence span: cos(its query span, it)}."""
+  and return {sentence span: cos(its query span, it)}. `passage_cls`: the query side's last
+  token ([SEP]) leaves it and opens the passage side as a [CLS] (the sequence's first id) at
+  position 0, so the pieces are [CLS] q and [CLS] s_1 ... s_m [SEP]."""
   ids, _, seg, _, span_ids, span_kind, span_query = (np.asarray(a) for a in args)
   pieces = []  # (token ids, span ids, first position)
   for r in range(ids.shape[0]):
@@ -121,6 +124,11 @@ def _standalone_cos(encoder, enc_params, args, bert: bool, passage: bool = False
       cols = np.nonzero(seg[r] == k)[0]
       is_sent = span_kind[span_ids[r, cols]] == 2
       cut = int(np.argmax(is_sent)) if is_sent.any() else len(cols)
+      if passage_cls and cut < len(cols):
+        pieces.append((ids[r, cols[:cut - 1]], span_ids[r, cols[:cut - 1]], 0))
+        opened = np.concatenate([ids[r, cols[:1]], ids[r, cols[cut:]]])
+        pieces.append((opened, np.concatenate([[0], span_ids[r, cols[cut:]]]), 0))
+        continue
       pieces.append((ids[r, cols[:cut]], span_ids[r, cols[:cut]], 0))
       if cut < len(cols):
         pieces.append((ids[r, cols[cut:]], span_ids[r, cols[cut:]], 1))
@@ -142,16 +150,18 @@ def _standalone_cos(encoder, enc_params, args, bert: bool, passage: bool = False
   return {s: cos(pooled[span_query[s]], pooled[s]) for s in pooled if span_kind[s] == 2}
 
 
-@pytest.mark.parametrize("family,pooling", [("modernbert", "sentence"), ("bert", "sentence"),
-                                            ("bert", "passage")])
-def test_split_prior_is_the_bi_encoder_cosine(setup, short_setup, family, pooling):
+@pytest.mark.parametrize("family,pooling,passage_cls", [
+    ("modernbert", "sentence", True), ("bert", "sentence", True), ("bert", "passage", True),
+    ("bert", "passage", False), ("modernbert", "sentence", False)])
+def test_split_prior_is_the_bi_encoder_cosine(setup, short_setup, family, pooling, passage_cls):
   base, args = short_setup if pooling == "passage" else setup
   if family == "bert":  # a tiny BERT with type embeddings: the split pass must use type 0
     enc = mbert.BertConfig(vocab_size=base.encoder.vocab_size, hidden_size=32,
                            intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
                            max_position_embeddings=128, type_vocab_size=2)
     base = dataclasses.replace(base, encoder=enc)
-  on = dataclasses.replace(base, dense_prior=3.0, dense_prior_pooling=pooling)
+  on = dataclasses.replace(base, dense_prior=3.0, dense_prior_pooling=pooling,
+                           dense_prior_passage_cls=passage_cls)
   assert on.dense_prior_encoding == "split"
   params = jax.jit(LocalScorer(on).init)(jax.random.PRNGKey(2), *args)["params"]
   shared = {k: v for k, v in params.items() if k != "dense_prior_scale"}
@@ -160,7 +170,8 @@ def test_split_prior_is_the_bi_encoder_cosine(setup, short_setup, family, poolin
   added = (np.asarray(out_on["local_logit"], np.float64)
            - np.asarray(out_off["local_logit"], np.float64)) / 3.0
   encoder = (BertEncoder if family == "bert" else ModernBertEncoder)(on.encoder)
-  want = _standalone_cos(encoder, params["encoder"], args, family == "bert", pooling == "passage")
+  want = _standalone_cos(encoder, params["encoder"], args, family == "bert", pooling == "passage",
+                         passage_cls)
   assert len(want) >= 3
   got = np.array([added[s] for s in sorted(want)])
   ref = np.array([want[s] for s in sorted(want)])
@@ -174,9 +185,13 @@ def test_split_prior_is_the_bi_encoder_cosine(setup, short_setup, family, poolin
   joint = np.array([h[s] @ hq[s] / (np.linalg.norm(h[s]) * np.linalg.norm(hq[s])) for s in sorted(want)])
   assert np.abs(joint - ref).max() > 1e-3
   if pooling == "passage":  # and not the sentence pooling either: one cosine per passage
-    other = _standalone_cos(encoder, params["encoder"], args, True, False)
+    other = _standalone_cos(encoder, params["encoder"], args, True, False, passage_cls)
     assert np.abs(np.array([other[s] for s in sorted(want)]) - ref).max() > 1e-3
     assert len(set(np.round(ref, 6))) < len(ref)  # sentences of one passage share it
+  # The two passage layouts encode different things: the option is not a no-op either way.
+  flipped = _standalone_cos(encoder, params["encoder"], args, family == "bert",
+                            pooling == "passage", not passage_cls)
+  assert np.abs(np.array([flipped[s] for s in sorted(want)]) - ref).max() > 1e-3
 
 
 def test_score_temperature_rescales_only_the_local_score(setup):
@@ -250,8 +265,11 @@ def test_config_round_trip_and_old_configs(setup):
   del d["log_config"]["local"]["dense_prior_pooling"]
   del d["log_config"]["local"]["dense_prior_gradient"]
   del d["log_config"]["local"]["local_head_zero_init"]
+  assert config_io.log_config_from_dict(d).local.dense_prior_passage_cls  # saved: True, the default
+  del d["log_config"]["local"]["dense_prior_passage_cls"]
   old = config_io.log_config_from_dict(d).local
   assert old.dense_prior_gradient and not old.local_head_zero_init
+  assert not old.dense_prior_passage_cls  # trained without the passage's [CLS]: loads so
   assert (old.dense_prior, old.dense_prior_encoding, old.dense_prior_pooling,
           old.score_temperature) == (20.0, "joint", "sentence", 1.0)
   del d["log_config"]["local"]["dense_prior"]  # a model saved before the field existed
@@ -278,9 +296,11 @@ def test_training_config_keys_reach_the_local_config():
   paper = stages.build_model_config(config, 800).local
   assert (paper.dense_prior, paper.local_head_zero_init, paper.score_temperature) == (0.0, False,
                                                                                       1.0)
+  assert paper.dense_prior_passage_cls  # the bi-encoder's layout, once a split prior is on
   config.update(dict(dense_prior=20.0, dense_prior_pooling="passage", dense_prior_gradient=False,
-                     local_head_zero_init=True, score_temperature=4.0))
+                     local_head_zero_init=True, score_temperature=4.0,
+                     dense_prior_passage_cls=False))
   local = stages.build_model_config(config, 800).local
   assert (local.dense_prior, local.dense_prior_encoding, local.dense_prior_pooling,
-          local.dense_prior_gradient, local.local_head_zero_init, local.score_temperature) == (
-              20.0, "split", "passage", False, True, 4.0)
+          local.dense_prior_gradient, local.local_head_zero_init, local.score_temperature,
+          local.dense_prior_passage_cls) == (20.0, "split", "passage", False, True, 4.0, False)

@@ -130,3 +130,49 @@ def test_id_only_pools_resolve_against_the_shipped_corpus():
   assert not train_ids & test_ids
   train_gold = {f"{q}:0" for q in train_ids}
   assert not train_gold & {c["id"] for p in full for c in p["ctxs"]}
+
+
+def test_split_prior_at_step_zero_is_the_zero_shot_bi_encoder(minilm_path, scifact_records):
+  """The demo's local scorer (split prior, passage pooling, zero-initialised head) with the real
+  all-MiniLM-L6-v2 at step 0: each sentence's local logit / w is the cosine of the bi-encoder's
+  own passage embedding (`BiEncoder.embed`, `[CLS] passage [SEP]`, the baseline's code path) with
+  the query encoded as `[CLS] q` (its [SEP] slot opens the passage). Without the passage's [CLS]
+  (models saved before `dense_prior_passage_cls`) the cosines are measurably other ones."""
+  from logrerank_jax.data.packing import PackingConfig, QueryInput, pack_queries
+  from logrerank_jax.data.sentences import split_sentences
+  from logrerank_jax.models.local_scorer import LocalScorer, LocalScorerConfig
+  bi = baselines.BiEncoder.from_pretrained(minilm_path)
+  query = scifact_records[0]["input"]
+  passages = []  # real abstracts, cut to 3 sentences so that each fits one 256-token window
+  for rec in scifact_records[1:5]:
+    passages.append([s.text for s in split_sentences(rec["gold_ctx"][0]["text"])][:3])
+  pack = PackingConfig(row_len=256, row_buckets=(4,), span_buckets=(32,), node_buckets=(16,),
+                       query_buckets=(1,), max_query_tokens=48)
+  batch, info = pack_queries([QueryInput(query, passages)], bi.tokenizer, pack)
+  assert all(p.num_windows == 1 and not p.truncated_sentences for p in info.passages[0])
+  args = [jnp.asarray(getattr(batch, k)) for k in ("input_ids", "attention_mask", "segment_ids",
+                                                   "position_ids", "span_ids", "span_kind",
+                                                   "span_query")]
+  q_ids = bi.tokenizer(query, add_special_tokens=False)["input_ids"][:48]
+  q_row = jnp.asarray([[bi.tokenizer.cls_token_id] + q_ids], jnp.int32)  # [CLS] q, no [SEP]
+  q_emb = np.asarray(baselines._embed(bi.params, q_row, jnp.ones_like(q_row),  # pylint: disable=protected-access
+                                      jnp.zeros_like(q_row), bi.cfg))[0]
+  want = bi.embed([" ".join(p) for p in passages]) @ q_emb  # [P]
+  node_passage = np.asarray(batch.node_passage)[0]
+  node_span = np.asarray(batch.node_span)[0]
+  for passage_cls in (True, False):
+    cfg = LocalScorerConfig(encoder=bi.cfg, dense_prior=2.0, dense_prior_pooling="passage",
+                            local_head_zero_init=True, dense_prior_passage_cls=passage_cls)
+    params = jax.jit(LocalScorer(cfg).init)(jax.random.PRNGKey(0), *args)["params"]
+    params = {**params, "encoder": bi.params}
+    logit = np.asarray(jax.jit(LocalScorer(cfg).apply)({"params": params}, *args)["local_logit"])
+    per_passage = [logit[node_span[node_passage == p]] / 2.0 for p in range(len(passages))]
+    assert all(len(c) >= 2 and np.ptp(c) < 1e-6 for c in per_passage)  # one cosine per passage
+    got = np.array([c[0] for c in per_passage])
+    if passage_cls:
+      # Packed rows of 256 vs the bi-encoder's per-text buckets, float32 on unit vectors: ~1e-7
+      # measured; 1e-5 (the float32 parity bound) leaves margin on any CPU.
+      np.testing.assert_allclose(got, want, atol=ATOL_F32)
+      assert np.ptp(want) > 1e-2  # real passages differ: the check can fail
+    else:
+      assert np.abs(got - want).max() > 1e-2

@@ -47,6 +47,7 @@ def log_config_to_dict(cfg: LoGConfig) -> Dict[str, Any]:
 # file lacking one of these loads as before.
 ADDED_LATER = {LocalScorerConfig: {"dense_prior": 0.0, "dense_prior_encoding": "joint",
                                     "dense_prior_pooling": "sentence", "dense_prior_gradient": True,
+                                    "dense_prior_passage_cls": False,
                                     "score_temperature": 1.0, "local_head_zero_init": False},
                GraphRerankerConfig: {"residual_local": False}}
 

@@ -37,10 +37,10 @@ Dense prior (`LocalScorerConfig.dense_prior` > 0; NOT in the paper, off by defau
 logit gains w * cos(q, s), w a learned scalar initialised to `dense_prior` (param
 `dense_prior_scale` [1]). With `dense_prior_encoding="split"` (the default) q and s are the
 pooled query and sentence states of a second pass of the same encoder over the same rows, in
-which each sequence's query and passage are separate attention segments (`split_query_passage`):
-the bi-encoder that an encoder like all-MiniLM-L6-v2 was trained as. `"joint"` takes them from
-the joint sequence (h_q, h_s) instead, which costs nothing but loses most of the bi-encoder's
-ranking (docs/DEMO.md). A head MLP on [h_q; h_s; g] cannot represent a cosine; with the prior,
+which each sequence's query and passage are separate attention segments (`split_query_passage`;
+the passage opens with its own [CLS]): the bi-encoder that an encoder like all-MiniLM-L6-v2 was
+trained as. `"joint"` takes them from the joint sequence (h_q, h_s) instead, which costs nothing
+but loses most of the bi-encoder's ranking (docs/DEMO.md). A head MLP on [h_q; h_s; g] cannot represent a cosine; with the prior,
 training starts from the bi-encoder's ranking instead of from a random one. It reaches the graph
 through z_local, so inference needs nothing new; "split" doubles the encoder's work.
 
@@ -143,10 +143,16 @@ class LocalScorerConfig:
   dense_prior_encoding: str = "split"
   # What the prior's cosine compares (split encoding only): "sentence" = the mean of the query's
   # tokens and of the sentence's tokens; "passage" = the mean of every token of each attention
-  # segment, `[CLS] q [SEP]` and `s_1 ... s_m [SEP]`, which is the sentence-transformers
-  # bi-encoder's mean pooling of the query and of the passage (window) without its [CLS]: every
-  # sentence of a passage gets the passage's cosine, and the head orders sentences within it.
+  # segment (`[CLS] q` and `[CLS] s_1 ... s_m [SEP]`, `dense_prior_passage_cls`), which is the
+  # sentence-transformers bi-encoder's mean pooling of the query and of the passage (window):
+  # every sentence of a passage gets the passage's cosine, and the head orders sentences within it.
   dense_prior_pooling: str = "sentence"
+  # Split encoding only: True = the passage side is encoded `[CLS] s_1 ... s_m [SEP]`, its [CLS]
+  # in the slot of the query's closing [SEP] (so the query side is `[CLS] q`), exactly as the
+  # bi-encoder encodes a passage; False = `s_1 ... s_m [SEP]` without a [CLS], as models saved
+  # before this field were trained, which costs all-MiniLM-L6-v2 3.5 nDCG@10 of its zero-shot
+  # ranking on ScholarQA-CS (`split_query_passage`).
+  dense_prior_passage_cls: bool = True
   # Split encoding only: whether the encoder learns through the prior's pass (True) or only
   # through the joint sequence (False: the pass is a stop-gradient, so training does not bend the
   # cosine towards the training task directly, and skips that pass's backward, about a quarter
@@ -293,26 +299,45 @@ def segment_means(hidden, segment_ids):
   return (means * w[:, None]).reshape(r, l, d)
 
 
-def split_query_passage(span_ids, span_kind, segment_ids, position_ids):
-  """Segments and positions that encode each packed sequence as a bi-encoder would.
+def split_query_passage(input_ids, span_ids, span_kind, segment_ids, position_ids,
+                        passage_cls: bool = True):
+  """Token ids, segments and positions that encode each packed sequence as a bi-encoder would.
 
-  Every sequence `[CLS] q [SEP] s_1 ... s_m [SEP]` becomes two attention segments: `[CLS] q
-  [SEP]` (positions unchanged, 0 ...) and `s_1 ... s_m [SEP]` (positions restarted at 1, the
-  slot after an absent `[CLS]`). Attention never crosses them, so the query's states are those
-  of the query encoded alone and the passage's those of the passage alone; the sentence spans
-  keep their tokens, so `pool_spans` pools them as before.
+  Every sequence `[CLS] q [SEP] s_1 ... s_m [SEP]` becomes two attention segments, so the
+  query's states are those of the query encoded alone and the passage's those of the passage
+  alone; the sentence spans keep their tokens, so `pool_spans` pools them as before.
+
+  * `passage_cls=True`: `[CLS] q` (positions unchanged, 0 ...) and `[CLS] s_1 ... s_m [SEP]`,
+    whose `[CLS]` is the query's closing `[SEP]` slot with the sequence's first token id put in
+    it, at position 0: the passage exactly as the bi-encoder encodes it. The row has one slot
+    between the two sides, and the passage needs it more: all-MiniLM-L6-v2's ranking of the
+    ScholarQA-CS pools is 78.7 nDCG@10 without the passage's [CLS] and 82.5 with it and
+    without the query's [SEP] (82.2 with both; docs/DEMO.md, probe "CLS").
+  * `passage_cls=False` (models trained before the option): `[CLS] q [SEP]` and
+    `s_1 ... s_m [SEP]` (positions restarted at 1, the slot after an absent `[CLS]`).
 
   Args:
-    span_ids, segment_ids, position_ids: [R, L] int32 (contract C5).
+    input_ids, span_ids, segment_ids, position_ids: [R, L] int32 (contract C5).
     span_kind: [S] int32.
+    passage_cls: the layout above.
 
   Returns:
-    (segment_ids, position_ids), each [R, L] int32; padding keeps segment 0.
+    (input_ids, segment_ids, position_ids), each [R, L] int32; padding keeps segment 0.
   """
   part = pair_token_types(span_ids, span_kind, segment_ids)  # 0 query side, 1 passage side
+  if passage_cls:
+    # The query side's last token is the one just before a passage-side token (the passage
+    # side never opens a segment: a segment starts with [CLS], query side).
+    after = jnp.concatenate([part[:, 1:], jnp.zeros_like(part[:, :1])], axis=1)
+    opener = (part == 0) & (after == 1) & (segment_ids > 0)
+    _, first = _segment_starts(segment_ids)
+    input_ids = jnp.where(opener, jnp.take_along_axis(input_ids, first, axis=1), input_ids)
+    part = part | opener.astype(part.dtype)
   seg = jnp.where(segment_ids > 0, 2 * segment_ids + part, 0)
   pos, start = _segment_starts(seg)
-  return seg, jnp.where(part > 0, pos - start + 1, position_ids).astype(jnp.int32)
+  offset = 0 if passage_cls else 1
+  return (input_ids, seg,
+          jnp.where(part > 0, pos - start + offset, position_ids).astype(jnp.int32))
 
 
 class LocalScorer(nn.Module):
@@ -341,11 +366,11 @@ class LocalScorer(nn.Module):
     is_bert = isinstance(cfg.encoder, BertConfig)
     encoder = (BertEncoder if is_bert else ModernBertEncoder)(cfg.encoder, name="encoder")
 
-    def encode(segments, positions, token_types):  # -> [R, L, d]
+    def encode(segments, positions, token_types, ids=input_ids):  # -> [R, L, d]
       if is_bert:
-        return encoder(input_ids, attention_mask, token_type_ids=token_types,
+        return encoder(ids, attention_mask, token_type_ids=token_types,
                        segment_ids=segments, position_ids=positions, deterministic=deterministic)
-      return encoder(input_ids, attention_mask, segment_ids=segments, position_ids=positions,
+      return encoder(ids, attention_mask, segment_ids=segments, position_ids=positions,
                      deterministic=deterministic)
 
     token_types = (pair_token_types(span_ids, span_kind, segment_ids)
@@ -383,8 +408,9 @@ class LocalScorer(nn.Module):
       if cfg.dense_prior_encoding == "split":
         # The same encoder (same params) once more, query and passage as separate segments
         # and token type 0 throughout: the bi-encoder the checkpoint may have been trained as.
-        seg2, pos2 = split_query_passage(span_ids, span_kind, segment_ids, position_ids)
-        hidden2 = encode(seg2, pos2, jnp.zeros_like(input_ids))  # [R, L, d]
+        ids2, seg2, pos2 = split_query_passage(input_ids, span_ids, span_kind, segment_ids,
+                                               position_ids, cfg.dense_prior_passage_cls)
+        hidden2 = encode(seg2, pos2, jnp.zeros_like(input_ids), ids2)  # [R, L, d]
         if cfg.dense_prior_pooling == "passage":
           # Each span's tokens lie in one segment, so pooling the segment means over the span
           # gives that segment's mean (its [CLS]/[SEP] included, as the bi-encoder pools).

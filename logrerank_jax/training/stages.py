@@ -62,6 +62,8 @@ def build_model_config(config, vocab_size: int) -> lr.LoGConfig:
                               dense_prior_encoding=config.get("dense_prior_encoding", "split"),
                               dense_prior_pooling=config.get("dense_prior_pooling", "sentence"),
                               dense_prior_gradient=bool(config.get("dense_prior_gradient", True)),
+                              dense_prior_passage_cls=bool(config.get("dense_prior_passage_cls",
+                                                                      True)),
                               score_temperature=float(config.get("score_temperature", 1.0)),
                               local_head_zero_init=bool(config.get("local_head_zero_init", False)))
   gat = dataclasses.replace(cfg.graph_reranker, dropout=config.dropout, dtype=dtype,
