@@ -290,3 +290,22 @@ def test_residual_global_score_reaches_the_serving_path(tmp_path, model_dir, poo
       # the GAT's float32 add of 0: equal to 1e-7 (ulp of values < 1 is <= 6e-8).
       assert abs(r["global_score"] - r["local_score"]) <= 1e-7, r
     assert len({round(r["local_score"], 6) for r in out["ranked_sentences"]}) > 3
+
+
+def test_set_params_swaps_weights_without_compiling(model_dir, pools, tmp_path):
+  """`Engine.set_params` (each validation of a training run scores through the engine): the
+  swapped-in params give exactly what an engine built on them gives, with no new compilation;
+  params of other shapes are refused by name."""
+  other_dir = make_tiny_model(tmp_path / "other", pools, seed=1)
+  rr = inference.Reranker.from_dir(model_dir, packing=PACKING, queries_per_batch=2)
+  before = rr.rerank_records(pools[:2])
+  compiled = rr.compile_stats()["xla_compilations"]
+  fresh = inference.Reranker.from_dir(other_dir, packing=PACKING, queries_per_batch=2)
+  rr.engine.set_params(jax.device_get(fresh.params))
+  after, want = rr.rerank_records(pools[:2]), fresh.rerank_records(pools[:2])
+  assert rr.compile_stats()["xla_compilations"] == compiled
+  scores = lambda outs: [[r["local_score"] for r in o["ranked_sentences"]] for o in outs]  # noqa: E731
+  assert scores(after) == scores(want) and scores(after) != scores(before)
+  bad = jax.tree_util.tree_map(lambda x: x[..., :1] if x.ndim else x, jax.device_get(fresh.params))
+  with pytest.raises(CheckpointError, match="do not match the model config"):
+    rr.engine.set_params(bad)

@@ -140,6 +140,15 @@ class Engine:
     self.tokens = {"real": 0, "computed": 0, "inert": 0, "local_calls": 0, "inert_calls": 0}
     compilation.ensure_listeners()
 
+  def set_params(self, params) -> None:
+    """Swap in new params of the same shapes (checked), e.g. each validation of a training run:
+    the compiled calls take params as an argument, so none is compiled again."""
+    from jax.sharding import NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
+    if self.cfg.use_global and "global" not in params:
+      raise CheckpointError("params have no 'global' tree but the config has use_global=True")
+    check_param_shapes(params, self.cfg)
+    self.params = jax.device_put(params, NamedSharding(self.mesh, PartitionSpec()))
+
   def compile_stats(self) -> dict:
     """Compilation counters (module docstring) and the number of device steps run."""
     return {"xla_compilations": self._compiles, "persistent_cache_hits": self._cache_hits,

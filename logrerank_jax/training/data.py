@@ -20,10 +20,12 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from logrerank_jax.data.inference_input import parse_inference_record
+from logrerank_jax.data.inference_input import (InferencePassage, InferenceRecord,
+                                                parse_inference_record)
 from logrerank_jax.data.packing import PackingConfig, QueryInput, pack_for_model
 from logrerank_jax.data.pools import expand_pools, read_corpus, read_pool_file
 from logrerank_jax.data.records import TrainingRecord
+from logrerank_jax.data.sentences import Sentence
 from logrerank_jax.errors import ConfigError, DataError
 from logrerank_jax.evaluation import read_qrels
 from logrerank_jax.schema import MODEL_KEYS, NUM_ROLES, TOKEN_KEYS
@@ -188,12 +190,18 @@ def pool_units(pools_path: str, qrels_path: str, corpus_path: str = ""
   if corpus_path:
     pools = expand_pools(pools, read_corpus(corpus_path))
   qrels = read_qrels(qrels_path)
-  units = []
+  units, line_of = [], {}
   for i, raw in enumerate(pools):
     rec = parse_inference_record(raw, f"{pools_path}:{i + 1}")
     if rec.skipped:
       raise DataError(f"{pools_path}:{i + 1}: passage {rec.skipped[0][0]}: {rec.skipped[0][1]}")
+    # A pool without an id is named by its position (0-based, as tools/evaluate.py names it);
+    # two pools of one name would share one qrels entry and one metric, so that is an error.
     qid = rec.record_id or str(i)
+    if qid in line_of:
+      raise DataError(f"{pools_path}:{i + 1}: query id {qid!r} is also the id of line "
+                      f"{line_of[qid]}; validation pools need distinct ids")
+    line_of[qid] = i + 1
     if not qrels.get(qid):
       raise DataError(f"{pools_path}:{i + 1}: query {qid!r} has no relevant passage in {qrels_path}")
     ids = tuple(p.passage_id or str(j) for j, p in enumerate(rec.passages))
@@ -205,6 +213,22 @@ def pool_units(pools_path: str, qrels_path: str, corpus_path: str = ""
                    for p in rec.passages),
         passage_titles=tuple(p.title for p in rec.passages)))
   return units, {u.qid: set(qrels[u.qid]) for u in units}
+
+
+def unit_record(unit: Unit) -> InferenceRecord:
+  """The inference engine's record of a query unit: its query and passages, each passage's text
+  the unit's sentences joined by one space (offsets into it), so the engine packs exactly the
+  unit's sentences (`serving.Reranker.score` reads `sentence_texts`; titles are not packed)."""
+  passages = []
+  for j, sentences in enumerate(unit.query.passages):
+    spans, start = [], 0
+    for text in sentences:
+      spans.append(Sentence(text, start, start + len(text)))
+      start += len(text) + 1
+    title = unit.passage_titles[j] if j < len(unit.passage_titles) else ""
+    passages.append(InferencePassage(title, " ".join(sentences), tuple(spans),
+                                     unit.passage_ids[j]))
+  return InferenceRecord(unit.query.query, tuple(passages), "passages", {}, unit.qid)
 
 
 def pack_units(units: Sequence[Unit], tokenizer, packing_cfg: PackingConfig,

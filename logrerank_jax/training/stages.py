@@ -29,7 +29,7 @@ from logrerank_jax import losses
 from logrerank_jax.data.packing import PackingConfig, grown_buckets
 from logrerank_jax.data.tokenization import load_tokenizer, train_wordpiece_tokenizer
 from logrerank_jax.errors import ConfigError
-from logrerank_jax.evaluation import rerank_metrics
+from logrerank_jax.evaluation import ranking_from_scores, rerank_metrics
 from logrerank_jax.models import log_reranker as lr
 from logrerank_jax.models.model_folder import load_model, save_model
 from logrerank_jax.ranking import passage_order, passage_scores
@@ -404,27 +404,37 @@ class LocalStage:
   def make_eval(self, val_units, qrels=None) -> Callable[[Any], Dict[str, float]]:
     """params -> passage metrics on the validation queries, from local scores.
 
-    The validation queries are packed once, each group padded to its row bucket's shape (one
-    compile per bucket, reused by every evaluation), not packed anew at every evaluation.
+    The queries are scored by the inference engine (`serving.Reranker`, local stage only) with
+    this run's row length and query cut: the calls, buckets and passage ranking (best local
+    sentence score, ties by passage id) that `tools/evaluate.py` gives the exported model as
+    `log-local`, so the validation figure is that one (for queries within the query cut). The engine fills each call with passages of several queries
+    in small row buckets, where whole-query groups padded to a power-of-two row bucket computed
+    up to twice the tokens. One engine per stage: each evaluation swaps in the params, and the
+    compiled calls are reused.
     """
     if not val_units:
       return lambda params: {}
-    cfg, group_size = self.cfg, self.config.cache_batch_queries
-    run = jax.jit(lambda p, b: fc.local_features(cfg, p, b)["local_logit"])
-    groups = fc.query_groups(len(val_units), group_size)
-    packed = [data_lib.pack_units([val_units[i] for i in g], self.tokenizer,
-                                  forward_packing(self.pack_cfg), cfg.contextual_encoding)
-              for g in groups]
-    shapes = data_lib.bucketed_shapes([data_lib.batch_shape(b) for b in packed],
-                                      data_lib.rows_bucket)
-    batches = [data_lib.pad_batch(b, shape) for b, shape in zip(packed, shapes)]
+    from logrerank_jax.serving import Reranker, default_packing_config  # pylint: disable=g-import-not-at-top
+    cfg = dataclasses.replace(self.cfg, use_global=False)
+    records = [data_lib.unit_record(u) for u in val_units]
+    packing = default_packing_config(cfg, self.config.max_seq_len, self.config.max_query_tokens)
+    qrels = unit_qrels(val_units) if qrels is None else qrels
+    engine: Dict[str, Reranker] = {}
 
     def evaluate(params):
-      scores = []
-      for group, b in zip(groups, batches):
-        out = np.asarray(run(params["local"], _device(b)))
-        scores += [out[qi][b["node_mask"][qi]] for qi in range(len(group))]
-      return passage_metrics(val_units, scores, qrels)
+      local = {"local": params["local"]}
+      if "rr" in engine:
+        engine["rr"].engine.set_params(local)
+      else:
+        engine["rr"] = Reranker(local, cfg, self.tokenizer, packing=packing, host_workers=0)
+      run = {}
+      for u, res in zip(val_units, engine["rr"].score(records)):
+        if isinstance(res, Exception):  # a validation query the engine cannot score
+          raise res
+        # Ties (sigmoid scores saturate in float32) by ascending passage id, as in evaluate.py.
+        run[u.qid] = ranking_from_scores(dict(zip(u.passage_ids,
+                                                  res.passage_scores("local").tolist())))
+      return rerank_metrics(run, qrels, k=10)
     return evaluate
 
   def export_params(self, params):
