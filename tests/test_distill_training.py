@@ -189,3 +189,27 @@ def test_refusals(data, tmp_path):
                             str(tmp_path), short)
   with pytest.raises(ConfigError, match="same number of passages"):
     stage.micro_batch_groups(10, 0)
+
+
+def test_validation_pools_with_one_id_twice_are_refused(tmp_path):
+  """Two validation pools of one query id (given, or the position a pool without an id is named
+  by) would share one qrels entry and one metric: a one-line DataError naming both lines."""
+  ctxs = [{"id": "a", "text": "Aspirin lowers the risk of stroke."},
+          {"id": "b", "text": "Statins lower cholesterol."}]
+  pools = tmp_path / "pools.jsonl"
+  qrels = tmp_path / "pools.qrels"
+  write_qrels(str(qrels), {"q1": {"a"}, "1": {"b"}})
+  pools.write_text("\n".join(json.dumps({"id": "q1", "input": "aspirin", "ctxs": ctxs})
+                             for _ in range(2)) + "\n")
+  with pytest.raises(DataError, match=r"pools.jsonl:2: query id 'q1' is also the id of line 1"):
+    data_lib.pool_units(str(pools), str(qrels))
+  # A pool named "1" after an id-less pool at position 1 (0-based) collides the same way.
+  pools.write_text(json.dumps({"id": "q1", "input": "aspirin", "ctxs": ctxs}) + "\n"
+                   + json.dumps({"input": "statins", "ctxs": ctxs}) + "\n"
+                   + json.dumps({"id": "1", "input": "statins", "ctxs": ctxs}) + "\n")
+  with pytest.raises(DataError, match=r"pools.jsonl:3: query id '1' is also the id of line 2"):
+    data_lib.pool_units(str(pools), str(qrels))
+  pools.write_text("\n".join(json.dumps({"id": q, "input": "aspirin", "ctxs": ctxs})
+                             for q in ("q1", "1")) + "\n")
+  units, got = data_lib.pool_units(str(pools), str(qrels))
+  assert [u.qid for u in units] == ["q1", "1"] and got == {"q1": {"a"}, "1": {"b"}}
