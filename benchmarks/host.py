@@ -124,8 +124,20 @@ def host_suite(pools_name: str = "paragraphs", repeats: int = 7,
   """Host ms per query on this thread and throughput with worker processes (module docstring);
   `reranker`: the engine whose host work is timed (default `minilm_reranker()`)."""
   # One thread per process: the Rust tokenizer would otherwise add its own thread pool (it reads
-  # this variable at each batch call; spawned workers inherit it).
+  # this variable at each batch call; spawned workers inherit it). Only while the suite runs:
+  # a caller's (e.g. a test process's) own setting comes back afterwards.
+  before = os.environ.get("TOKENIZERS_PARALLELISM")
   os.environ["TOKENIZERS_PARALLELISM"] = "false"
+  try:
+    return _host_suite(pools_name, repeats, processes, reranker)
+  finally:
+    if before is None:
+      os.environ.pop("TOKENIZERS_PARALLELISM", None)
+    else:
+      os.environ["TOKENIZERS_PARALLELISM"] = before
+
+
+def _host_suite(pools_name, repeats, processes, reranker):
   import logrerank_jax  # pylint: disable=g-import-not-at-top
   load_before = os.getloadavg()
   records, split_s = parse_records(real_pools(pools_name))

