@@ -3,6 +3,7 @@ the serving path and the training feature cache, and the cache never feeding a m
 zeros."""
 
 import logging
+import pathlib
 
 import jax
 import numpy as np
@@ -12,6 +13,8 @@ from logrerank_jax.errors import DataError
 from logrerank_jax.models import log_reranker as lr
 from logrerank_jax.serving import engine
 from logrerank_jax.training import feature_cache as fc
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -79,3 +82,43 @@ def test_a_cache_written_before_a_key_existed_is_recomputed(tmp_path, caplog):
   assert (hit, len(calls)) == (True, 1)
   for a, b in zip(again, items):
     np.testing.assert_array_equal(a["local_logit"], b["local_logit"])
+
+
+def test_engine_features_are_the_whole_query_packing_features(train_six):
+  """The global stage's training features come from the inference engine
+  (`fc.engine_features`: calls filled across queries in fine row buckets, the path evaluation
+  and serving take). For the same units they are the training packer's whole-query forward
+  (`fc.compute_features`, the path they replaced): the same nodes in the same order with the
+  same labels, and the same features up to float rounding. Short rows and a short query cut
+  make passages span windows."""
+  from logrerank_jax.data.records import validate_training_file
+  from logrerank_jax.data.tokenization import load_tokenizer
+  from logrerank_jax.training import data as data_lib
+  from logrerank_jax.training import stages
+  from logrerank_jax.training.config_files import load_config_module
+  config = load_config_module(str(ROOT / "configs" / "local_stage.py")).get_config("tiny")
+  config.max_seq_len, config.max_query_tokens = 96, 12
+  tok = load_tokenizer(str(train_six / "tok"))
+  units = data_lib.query_units(validate_training_file(str(train_six / "train.jsonl"))[0])
+  cfg = stages.build_model_config(config, len(tok))
+  params = lr.init_stage_params(cfg, "local", lr.example_batch(), jax.random.PRNGKey(3))["local"]
+  got = fc.engine_features(cfg, params, units, tok, config.max_seq_len, config.max_query_tokens)
+  want = fc.compute_features(cfg, params, units, tok,
+                             stages.forward_packing(stages.packing_config(config, cfg)), 4)
+  assert len(got) == len(want) == len(units) == 6
+  windowed = 0
+  for g, w, u in zip(got, want, units):
+    assert set(g) == set(w) == set(fc.CACHED_KEYS)
+    assert len(g["local_score"]) == sum(len(p) for p in u.query.passages)
+    for k in ("node_passage", "sentence_rank", "passage_rank"):
+      np.testing.assert_array_equal(g[k], w[k], err_msg=f"{u.qid} {k}")
+      assert g[k].dtype == w[k].dtype, k
+    for k in ("h", "role_probs", "local_score", "local_logit"):
+      assert g[k].dtype == np.float32 and g[k].shape == w[k].shape, k
+      # One sequence's arithmetic in two packings (other rows, other batch shapes): float32
+      # rounding of differently blocked matmuls; measured: h equal, the rest <= 6e-8 (1 ulp
+      # of values < 1), so 1e-6 holds with margin on other CPUs' kernels.
+      np.testing.assert_allclose(g[k], w[k], rtol=1e-5, atol=1e-6, err_msg=f"{u.qid} {k}")
+    windowed += sum(len(tok(" ".join(p))["input_ids"]) > config.max_seq_len
+                    for p in u.query.passages)
+  assert windowed > 0  # passages longer than a row: cut into windows on both paths

@@ -5,7 +5,7 @@ the HTTP server's batcher all score records through it, so a request's scores do
 the door it came in by (only on float rounding of the shapes it was packed into).
 """
 
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -17,23 +17,18 @@ from logrerank_jax.serving.engine import Engine
 from logrerank_jax.serving.planner import Planner
 
 
-def score_group(engine: Engine, planner: Planner, records: Sequence[InferenceRecord],
-                jobs: Optional[list] = None) -> List[QueryScores]:
-  """Score records: the local stage over as few, nearly full calls as they need, then the global
-  stage over each query's whole graph (never cut), `queries_per_batch` queries per call; calls
-  of one shape run `num_devices` at a time.
-
-  Args:
-    engine: the device side.
-    planner: the host side.
-    records: parsed records.
-    jobs: the records' `planner.local_jobs`, when a host worker has prepared them already.
+def local_nodes(engine: Engine, planner: Planner, records: Sequence[InferenceRecord],
+                jobs: Optional[list] = None) -> Tuple[List[List[tuple]], List[dict], List[bool]]:
+  """The local stage of `score_group`: run the records' local calls and gather each record's
+  sentence nodes.
 
   Returns:
-    One `QueryScores` per record, in order.
-
-  Raises:
-    LogRerankError: the group cannot be scored (e.g. out of device memory).
+    (nodes, windows, truncated_q): per record, its nodes `(passage, sentence, h, role_probs,
+    local_score, local_logit)` in call order (`Planner.global_jobs` sorts them into passage
+    order); per record {passage: (windows, truncated sentences, empty sentences)}; per record,
+    whether its query was cut to the query token limit. The global stage's training features
+    are these nodes too (`training.feature_cache.engine_features`), so it trains on exactly
+    what inference feeds it.
   """
   nodes: List[List[tuple]] = [[] for _ in records]   # per record: (pi, si, h, roles, z, logit)
   windows = [dict() for _ in records]                # per record: pi -> (windows, trunc, empty)
@@ -61,6 +56,28 @@ def score_group(engine: Engine, planner: Planner, records: Sequence[InferenceRec
       seen[pi] = si + 1
       fixed.append((pi, si, h, roles, z, logit))
     nodes[ri] = fixed
+  return nodes, windows, truncated_q
+
+
+def score_group(engine: Engine, planner: Planner, records: Sequence[InferenceRecord],
+                jobs: Optional[list] = None) -> List[QueryScores]:
+  """Score records: the local stage over as few, nearly full calls as they need, then the global
+  stage over each query's whole graph (never cut), `queries_per_batch` queries per call; calls
+  of one shape run `num_devices` at a time.
+
+  Args:
+    engine: the device side.
+    planner: the host side.
+    records: parsed records.
+    jobs: the records' `planner.local_jobs`, when a host worker has prepared them already.
+
+  Returns:
+    One `QueryScores` per record, in order.
+
+  Raises:
+    LogRerankError: the group cannot be scored (e.g. out of device memory).
+  """
+  nodes, windows, truncated_q = local_nodes(engine, planner, records, jobs)
   size = planner.queries_per_batch
   use_global = engine.cfg.use_global
   results: List[QueryScores] = []

@@ -72,6 +72,48 @@ def compute_features(cfg: LoGConfig, local_params, units, tokenizer, packing_cfg
   return out
 
 
+def engine_features(cfg: LoGConfig, local_params, units, tokenizer, row_len: int,
+                    max_query_tokens: int) -> List[Dict[str, np.ndarray]]:
+  """The frozen local model's per-query node features and labels, computed by the inference
+  engine (`serving.scorer.local_nodes`): the calls, row buckets and node order (passage, then
+  sentence) that `tools/evaluate.py` and the server give the exported model, so the GAT trains
+  on the features it will be fed. Each call is filled with the passages of several queries in
+  fine row buckets, where `compute_features` padded whole groups of queries to power-of-two
+  row buckets (the demo's SciFact validation pools: about 4x the time).
+
+  Raises:
+    DataError: a unit the engine cannot score, or whose node count per passage is not its
+      sentence count (a node would lose its labels).
+  """
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  from logrerank_jax.serving import Reranker, default_packing_config  # pylint: disable=g-import-not-at-top
+  from logrerank_jax.serving.scorer import local_nodes  # pylint: disable=g-import-not-at-top
+  local_cfg = dataclasses.replace(cfg, use_global=False)
+  rr = Reranker({"local": local_params}, local_cfg, tokenizer, host_workers=0,
+                packing=default_packing_config(local_cfg, row_len, max_query_tokens))
+  out: List[Dict[str, np.ndarray]] = []
+  for chunk in rr._chunks(len(units)):  # pylint: disable=protected-access
+    share = [units[i] for i in chunk]
+    nodes = local_nodes(rr.engine, rr.planner, [data_lib.unit_record(u) for u in share])[0]
+    for u, ns in zip(share, nodes):
+      ns.sort(key=lambda t: (t[0], t[1]))  # passage order, as one joint packing gives them
+      counts = np.bincount([t[0] for t in ns], minlength=len(u.passage_ids))
+      want = [len(p) for p in u.query.passages]
+      if counts.tolist() != want:
+        raise DataError(f"query {u.qid}: the engine gave {counts.tolist()} sentence nodes per "
+                        f"passage, the record has {want}")
+      pis = np.asarray([t[0] for t in ns], np.int32)
+      out.append({"h": np.stack([t[2] for t in ns]).astype(np.float32),
+                  "role_probs": np.stack([t[3] for t in ns]).astype(np.float32),
+                  "local_score": np.asarray([t[4] for t in ns], np.float32),
+                  "local_logit": np.asarray([t[5] for t in ns], np.float32),
+                  "node_passage": pis,
+                  "sentence_rank": np.asarray([u.sentence_rank[p][si] for p, si, *_ in ns],
+                                              np.int32),
+                  "passage_rank": np.asarray([u.passage_rank[p] for p in pis], np.int32)})
+  return out
+
+
 def load_or_compute_features(path: str, fingerprint: str,
                              compute: Callable[[], List[Dict[str, np.ndarray]]]
                              ) -> Tuple[List[Dict[str, np.ndarray]], bool]:

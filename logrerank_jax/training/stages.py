@@ -483,14 +483,16 @@ class GlobalStage:
       self.fp_base = json.dumps({"local": fc.tree_digest(self.frozen_local),
                                  "local_config": repr(self.cfg.local),
                                  "max_seq_len": config.max_seq_len,
-                                 "max_query_tokens": config.max_query_tokens})
+                                 "max_query_tokens": config.max_query_tokens,
+                                 # computed by the inference engine (fc.engine_features); a
+                                 # cache of the older whole-group packing is recomputed
+                                 "features": "engine"})
 
   def _features(self, units, data_file: str, split: str, extra_file: str = ""):
     """Cached (or, without the cache, freshly computed) frozen-local features of `units`
     (`extra_file`: a second file the units are read from, e.g. the corpus of id-only pools)."""
-    compute = lambda: fc.compute_features(self.cfg, self.frozen_local, units, self.tokenizer,  # noqa: E731
-                                          forward_packing(self.pack_cfg),
-                                          self.config.cache_batch_queries)
+    compute = lambda: fc.engine_features(self.cfg, self.frozen_local, units, self.tokenizer,  # noqa: E731
+                                         self.config.max_seq_len, self.config.max_query_tokens)
     if self.fp_base is None:
       return compute(), False
     cache_dir = os.path.join(self.workdir, "feature_cache")
