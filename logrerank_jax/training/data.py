@@ -73,7 +73,7 @@ def query_units(records: Sequence[TrainingRecord]) -> List[Unit]:
 TEACHER_KEYS = ("passage_teacher", "has_teacher", "gold_labels")
 
 
-def _labels(units: Sequence[Unit], node_passage: np.ndarray, node_sentence: np.ndarray):
+def node_labels(units: Sequence[Unit], node_passage: np.ndarray, node_sentence: np.ndarray):
   """Gather each node's labels from its (passage, sentence) indices; padding gets 0."""
   q, n = node_passage.shape
   sentence_rank = np.zeros((q, n), np.int32)
@@ -249,7 +249,7 @@ def pack_units(units: Sequence[Unit], tokenizer, packing_cfg: PackingConfig,
   packed, info = pack_for_model([u.query for u in units], tokenizer, packing_cfg,
                                 contextual_encoding)
   out = {k: np.asarray(getattr(packed, k)) for k in MODEL_KEYS}
-  out.update(_labels(units, packed.node_passage, packed.node_sentence))
+  out.update(node_labels(units, packed.node_passage, packed.node_sentence))
   out["real_tokens"] = np.asarray(info.real_tokens, np.int64)
   return out
 

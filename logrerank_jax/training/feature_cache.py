@@ -8,6 +8,7 @@ changes the fingerprint and the cache is rebuilt; so is a cache written before t
 read one of today's keys (it would lack that key).
 """
 
+import dataclasses
 import hashlib
 import logging
 import os
@@ -46,7 +47,11 @@ def local_features(cfg: LoGConfig, local_params, batch) -> Dict[str, jax.Array]:
 
 def compute_features(cfg: LoGConfig, local_params, units, tokenizer, packing_cfg,
                      group_size: int) -> List[Dict[str, np.ndarray]]:
-  """Run the frozen local model over query units; return per-query node features and labels."""
+  """Run the frozen local model over query units; return per-query node features and labels.
+
+  The training packer's whole-query path: the global stage computed its cache this way until
+  it moved to the engine (`engine_features`); kept as the reference the engine's features are
+  tested against (tests/test_global_features.py)."""
   run = jax.jit(lambda p, b: local_features(cfg, p, b))
   groups = query_groups(len(units), group_size)
 
@@ -72,6 +77,16 @@ def compute_features(cfg: LoGConfig, local_params, units, tokenizer, packing_cfg
   return out
 
 
+def local_reranker(cfg: LoGConfig, params, tokenizer, row_len: int, max_query_tokens: int):
+  """The inference engine over a model's local stage alone (`serving.Reranker`, use_global off),
+  packing as a training run with these row and query limits packs: what the local stage's
+  validation and the global stage's feature cache both score through."""
+  from logrerank_jax.serving import Reranker, default_packing_config  # pylint: disable=g-import-not-at-top
+  local_cfg = dataclasses.replace(cfg, use_global=False)
+  return Reranker(params, local_cfg, tokenizer, host_workers=0,
+                  packing=default_packing_config(local_cfg, row_len, max_query_tokens))
+
+
 def engine_features(cfg: LoGConfig, local_params, units, tokenizer, row_len: int,
                     max_query_tokens: int) -> List[Dict[str, np.ndarray]]:
   """The frozen local model's per-query node features and labels, computed by the inference
@@ -85,12 +100,8 @@ def engine_features(cfg: LoGConfig, local_params, units, tokenizer, row_len: int
     DataError: a unit the engine cannot score, or whose node count per passage is not its
       sentence count (a node would lose its labels).
   """
-  import dataclasses  # pylint: disable=g-import-not-at-top
-  from logrerank_jax.serving import Reranker, default_packing_config  # pylint: disable=g-import-not-at-top
   from logrerank_jax.serving.scorer import local_nodes  # pylint: disable=g-import-not-at-top
-  local_cfg = dataclasses.replace(cfg, use_global=False)
-  rr = Reranker({"local": local_params}, local_cfg, tokenizer, host_workers=0,
-                packing=default_packing_config(local_cfg, row_len, max_query_tokens))
+  rr = local_reranker(cfg, {"local": local_params}, tokenizer, row_len, max_query_tokens)
   out: List[Dict[str, np.ndarray]] = []
   for chunk in rr._chunks(len(units)):  # pylint: disable=protected-access
     share = [units[i] for i in chunk]
@@ -103,14 +114,13 @@ def engine_features(cfg: LoGConfig, local_params, units, tokenizer, row_len: int
         raise DataError(f"query {u.qid}: the engine gave {counts.tolist()} sentence nodes per "
                         f"passage, the record has {want}")
       pis = np.asarray([t[0] for t in ns], np.int32)
+      labels = data_lib.node_labels([u], pis[None], np.asarray([[t[1] for t in ns]], np.int32))
       out.append({"h": np.stack([t[2] for t in ns]).astype(np.float32),
                   "role_probs": np.stack([t[3] for t in ns]).astype(np.float32),
                   "local_score": np.asarray([t[4] for t in ns], np.float32),
                   "local_logit": np.asarray([t[5] for t in ns], np.float32),
-                  "node_passage": pis,
-                  "sentence_rank": np.asarray([u.sentence_rank[p][si] for p, si, *_ in ns],
-                                              np.int32),
-                  "passage_rank": np.asarray([u.passage_rank[p] for p in pis], np.int32)})
+                  "node_passage": pis, "sentence_rank": labels["sentence_rank"][0],
+                  "passage_rank": labels["passage_rank"][0]})
   return out
 
 

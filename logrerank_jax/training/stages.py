@@ -93,9 +93,9 @@ def packing_config(config, cfg: lr.LoGConfig) -> PackingConfig:
 
 
 def forward_packing(pack_cfg: PackingConfig) -> PackingConfig:
-  """Packer settings for forward-only passes over whole queries (validation, the feature
-  cache): row buckets grown to 1,024 rows, so that `cache_batch_queries` queries of 50
-  passages fit one call (the training buckets stop at 128 rows)."""
+  """Packer settings for forward-only passes over whole queries (`fc.compute_features`, the
+  reference path the engine's features are tested against): row buckets grown to 1,024 rows, so
+  that 4 queries of 50 passages fit one call (the training buckets stop at 128 rows)."""
   return dataclasses.replace(pack_cfg, row_buckets=grown_buckets(pack_cfg.row_buckets, 1024))
 
 
@@ -414,19 +414,17 @@ class LocalStage:
     """
     if not val_units:
       return lambda params: {}
-    from logrerank_jax.serving import Reranker, default_packing_config  # pylint: disable=g-import-not-at-top
-    cfg = dataclasses.replace(self.cfg, use_global=False)
     records = [data_lib.unit_record(u) for u in val_units]
-    packing = default_packing_config(cfg, self.config.max_seq_len, self.config.max_query_tokens)
     qrels = unit_qrels(val_units) if qrels is None else qrels
-    engine: Dict[str, Reranker] = {}
+    engine: Dict[str, Any] = {}  # the one local_reranker, built at the first validation
 
     def evaluate(params):
       local = {"local": params["local"]}
       if "rr" in engine:
         engine["rr"].engine.set_params(local)
       else:
-        engine["rr"] = Reranker(local, cfg, self.tokenizer, packing=packing, host_workers=0)
+        engine["rr"] = fc.local_reranker(self.cfg, local, self.tokenizer, self.config.max_seq_len,
+                                         self.config.max_query_tokens)
       run = {}
       for u, res in zip(val_units, engine["rr"].score(records)):
         if isinstance(res, Exception):  # a validation query the engine cannot score
