@@ -30,13 +30,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from logrerank_jax.errors import ConfigError, LogRerankError
+from logrerank_jax.models import attention_dispatch
 from logrerank_jax.models.hf_common import (ACTIVATIONS, get_activation, init_module_params,
                                             read_hf_config)
 from logrerank_jax.models.modernbert import (
     LayerNorm,
     default_segments_and_positions,
+    dispatch_attention,
     pool_segments,
-    reference_attention,
 )
 
 # HF model types with this layout, and whether their positions are offset by pad_token_id + 1.
@@ -53,7 +54,11 @@ class BertConfig:
   which defaults to 1 (a reranker's single relevance logit). `position_offset` is added to
   every position id before the position-embedding lookup (0 for BERT, pad_token_id + 1 for
   RoBERTa / XLM-R). `classifier_dropout` None means `hidden_dropout_prob`, as in transformers.
-  `dtype` is the compute dtype; params stay float32.
+  `dtype` is the compute dtype; params stay float32. `attention_impl` chooses how attention is
+  computed, as `ModernBertConfig.attention_impl` does (`models/attention_dispatch.py`): "auto" is
+  the tiled path on CPU (measured 1.9x faster than "xla" for a MiniLM forward over 128 rows of
+  256 tokens on 2 cores: 8.0 s against 14.9 s), the block-skipping kernels on GPU and TPU; every
+  path is exact on real tokens. It is not an HF field: `to_hf_dict` leaves it out.
   """
   vocab_size: int = 30522
   hidden_size: int = 768
@@ -72,6 +77,7 @@ class BertConfig:
   num_labels: int = 1
   model_type: str = "bert"
   dtype: Any = jnp.float32
+  attention_impl: str = "auto"
 
   def __post_init__(self):
     """Reject values the model cannot honour and normalise numeric fields."""
@@ -112,6 +118,14 @@ class BertConfig:
     if dtype not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
       raise ConfigError(f"BertConfig.dtype must be float32, bfloat16 or float16, got {dtype}")
     object.__setattr__(self, "dtype", dtype)
+    if self.attention_impl not in attention_dispatch.IMPLS:
+      raise ConfigError(f"BertConfig.attention_impl must be one of {attention_dispatch.IMPLS}, "
+                        f"got {self.attention_impl!r}")
+
+  def resolved_attention_impl(self) -> str:
+    """The attention path that runs on JAX's default backend ("auto" resolved; a kernel that
+    cannot run here replaced by its logged fallback)."""
+    return attention_dispatch.resolve(self.attention_impl, jax.default_backend(), self.head_dim)
 
   @property
   def head_dim(self) -> int:
@@ -188,7 +202,7 @@ class BertConfig:
          "id2label": {str(i): f"LABEL_{i}" for i in range(self.num_labels)},
          "label2id": {f"LABEL_{i}": i for i in range(self.num_labels)}}
     for f in dataclasses.fields(self):
-      if f.name in ("dtype", "num_labels", "position_offset"):
+      if f.name in ("dtype", "num_labels", "position_offset", "attention_impl"):
         continue
       d[f.name] = getattr(self, f.name)
     return d
@@ -233,8 +247,10 @@ class BertAttention(nn.Module):
     k = heads(_dense(d, cfg.dtype, "key")(x))
     v = heads(_dense(d, cfg.dtype, "value")(x))
     dropout = nn.Dropout(cfg.attention_probs_dropout_prob)
-    out = reference_attention(q, k, v, segment_ids, position_ids, None,
-                              lambda p: dropout(p, deterministic=deterministic))
+    dropout_active = cfg.attention_probs_dropout_prob > 0.0 and not deterministic
+    out = dispatch_attention(cfg.resolved_attention_impl(), q, k, v, segment_ids, position_ids,
+                             None, lambda p: dropout(p, deterministic=deterministic),
+                             dropout_active)
     out = _dense(d, cfg.dtype, "out")(out.reshape(b, l, d))
     return nn.Dropout(cfg.hidden_dropout_prob)(out, deterministic=deterministic)
 

@@ -13,6 +13,7 @@ import numpy as np
 
 from logrerank_jax.errors import ConfigError, LogRerankError
 from logrerank_jax.graph.build import GraphBuildConfig
+from logrerank_jax.models.bert import BertConfig
 from logrerank_jax.models.graph_reranker import GraphRerankerConfig
 from logrerank_jax.models.local_scorer import ENCODER_FAMILIES, LocalScorerConfig, encoder_family
 from logrerank_jax.models.log_reranker import LoGConfig
@@ -49,7 +50,9 @@ ADDED_LATER = {LocalScorerConfig: {"dense_prior": 0.0, "dense_prior_encoding": "
                                     "dense_prior_pooling": "sentence", "dense_prior_gradient": True,
                                     "dense_prior_passage_cls": False,
                                     "score_temperature": 1.0, "local_head_zero_init": False},
-               GraphRerankerConfig: {"residual_local": False}}
+               GraphRerankerConfig: {"residual_local": False},
+               # A runtime choice, not a trained one: older BERT-family models get "auto".
+               BertConfig: {"attention_impl": "auto"}}
 
 
 def _build(cls, data: Dict[str, Any], where: str, nested: Dict[str, Any] = None):

@@ -388,6 +388,40 @@ def reference_attention(q, k, v, segment_ids, position_ids, window, dropout_fn):
                     preferred_element_type=jnp.float32).astype(q.dtype)
 
 
+def dispatch_attention(impl: str, q, k, v, segment_ids, position_ids, window: Optional[int],
+                       dropout_fn, dropout_active: bool):
+  """Attention by the resolved path `impl` (`attention_dispatch.resolve`); every path is exact
+  on real tokens (`reference_attention`'s semantics). ModernBERT and BERT layers both call it.
+
+  With attention dropout active (training with `attention_dropout > 0`) the reference path runs,
+  since it is the one that applies `dropout_fn` to the probabilities; "blocked" only changes
+  window layers.
+
+  Args:
+    impl: a resolved path ("xla", "blocked", "tiled", "pallas_gpu", "splash_tpu").
+    q, k, v: [B, L, H, Dh].
+    segment_ids, position_ids: int [B, L].
+    window: half window, or None for global attention.
+    dropout_fn: applied to the float32 probabilities (reference path only).
+    dropout_active: whether `dropout_fn` drops anything.
+
+  Returns:
+    [B, L, H, Dh] in q's dtype.
+  """
+  if not dropout_active:
+    if impl == "tiled":
+      return tiled_attention(q, k, v, segment_ids, position_ids, window)
+    if impl == "pallas_gpu":
+      return pallas_attention(q, k, v, segment_ids, position_ids, window,
+                              interpret=attention_dispatch.interpret_kernels())
+    if impl == "splash_tpu":
+      return splash_attention(q, k, v, segment_ids, position_ids, window,
+                              interpret=attention_dispatch.interpret_kernels())
+  if window is not None and impl == "blocked":
+    return blocked_local_attention(q, k, v, segment_ids, position_ids, window, dropout_fn)
+  return reference_attention(q, k, v, segment_ids, position_ids, window, dropout_fn)
+
+
 def blocked_local_attention(q, k, v, segment_ids, position_ids, window, dropout_fn):
   """Sliding-window attention that only forms logits against the neighbouring key blocks.
 
@@ -450,25 +484,8 @@ class ModernBertAttention(nn.Module):
     probs_dropout = lambda p: dropout(p, deterministic=deterministic)
     window = cfg.sliding_window if self.layer_type == SLIDING_ATTENTION else None
     dropout_active = cfg.attention_dropout > 0.0 and not deterministic
-    impl = cfg.resolved_attention_impl()
-    # (With attention dropout in training, the reference path applies it to the probabilities.)
-    if impl == "tiled" and not dropout_active:
-      out = tiled_attention(q, k, v, segment_ids, position_ids, window)
-    elif impl == "pallas_gpu" and not dropout_active:
-      out = pallas_attention(q, k, v, segment_ids, position_ids, window,
-                             interpret=attention_dispatch.interpret_kernels())
-    elif impl == "splash_tpu" and not dropout_active:
-      out = splash_attention(q, k, v, segment_ids, position_ids, window,
-                             interpret=attention_dispatch.interpret_kernels())
-    elif self.layer_type == SLIDING_ATTENTION:
-      if impl == "blocked":
-        out = blocked_local_attention(q, k, v, segment_ids, position_ids, cfg.sliding_window,
-                                      probs_dropout)
-      else:
-        out = reference_attention(q, k, v, segment_ids, position_ids, cfg.sliding_window,
-                                  probs_dropout)
-    else:
-      out = reference_attention(q, k, v, segment_ids, position_ids, None, probs_dropout)
+    out = dispatch_attention(cfg.resolved_attention_impl(), q, k, v, segment_ids, position_ids,
+                             window, probs_dropout, dropout_active)
     out = _dense(d, cfg.attention_bias, cfg.dtype, "Wo")(out.reshape(b, l, d))  # [B, L, d]
     return nn.Dropout(cfg.attention_dropout)(out, deterministic=deterministic)
 
