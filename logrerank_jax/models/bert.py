@@ -56,9 +56,10 @@ class BertConfig:
   RoBERTa / XLM-R). `classifier_dropout` None means `hidden_dropout_prob`, as in transformers.
   `dtype` is the compute dtype; params stay float32. `attention_impl` chooses how attention is
   computed, as `ModernBertConfig.attention_impl` does (`models/attention_dispatch.py`): "auto" is
-  the tiled path on CPU (measured 1.9x faster than "xla" for a MiniLM forward over 128 rows of
-  256 tokens on 2 cores: 8.0 s against 14.9 s), the block-skipping kernels on GPU and TPU; every
-  path is exact on real tokens. It is not an HF field: `to_hf_dict` leaves it out.
+  the tiled path on CPU (a MiniLM forward over 128 rows of 256 tokens, 2 cores: 8.0-9.2 s against
+  14.9-16.0 s for "xla", four runs each; LoG's whole inference 1.2x faster, since the encoder's
+  dense layers take the rest), the block-skipping kernels on GPU and TPU; every path is exact on
+  real tokens. It is not an HF field: `to_hf_dict` leaves it out.
   """
   vocab_size: int = 30522
   hidden_size: int = 768
