@@ -167,6 +167,22 @@ def test_model_config_json_holds_either_family(tmp_path, minilm_path):
     config_io.log_config_from_dict(d)
 
 
+def test_bert_attention_impl_is_saved_and_older_folders_load_as_auto(minilm_path):
+  # attention_impl is a runtime choice: a pinned path survives the model folder's config, and a
+  # BERT model_config.json written before the field existed loads as "auto".
+  cfg = LoGConfig.from_hf(minilm_path, base=LoGConfig.tiny())
+  pinned = dataclasses.replace(cfg, local=dataclasses.replace(
+      cfg.local, encoder=cfg.local.encoder.replace(attention_impl="xla")))
+  d = config_io.log_config_to_dict(pinned)
+  assert d["log_config"]["local"]["encoder"]["attention_impl"] == "xla"
+  assert config_io.log_config_from_dict(d).local.encoder.attention_impl == "xla"
+  del d["log_config"]["local"]["encoder"]["attention_impl"]
+  assert config_io.log_config_from_dict(d).local.encoder.attention_impl == "auto"
+  assert "attention_impl" not in cfg.local.encoder.to_hf_dict()  # not a transformers field
+  with pytest.raises(ConfigError, match="attention_impl"):
+    cfg.local.encoder.replace(attention_impl="flash")
+
+
 def test_presets_unchanged_and_from_encoder_follows_the_width(minilm_path):
   paper = count_params(LoGConfig.paper())
   assert (paper["encoder"], paper["local_heads"], paper["global"]) == (149_014_272, 840_327,
