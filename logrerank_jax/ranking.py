@@ -33,6 +33,15 @@ def passage_scores(node_passage: Sequence[int], node_scores: Sequence[float],
   return out
 
 
+def run_file_passage_scores(node_passage: Sequence[int], node_scores: Sequence[float],
+                            num_passages: int) -> np.ndarray:
+  """`passage_scores` with an unscored passage at -1: below any sigmoid score and finite, so
+  run files can hold it (what `RerankResult.passage_scores` and the local stage's validation
+  rank by)."""
+  best = passage_scores(node_passage, node_scores, num_passages)
+  return np.where(np.isfinite(best), best, -1.0)
+
+
 def passage_order(scores: Sequence[float]) -> List[int]:
   """Passage indices by decreasing score, ties (and unscored passages) in input order."""
   s = np.asarray(scores, np.float64)

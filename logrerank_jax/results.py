@@ -51,7 +51,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from logrerank_jax.errors import DataError
-from logrerank_jax.ranking import passage_order, passage_scores, sentence_order
+from logrerank_jax.ranking import passage_order, run_file_passage_scores, sentence_order
 from logrerank_jax.schema import (EDGE_TYPE_NAMES, ROLE_NAMES, SIMILARITY_EDGE_TYPE,
                                   adjacency_edge_type)
 
@@ -356,8 +356,7 @@ class QueryScores:
     """Best sentence score per passage ([P], `ranking.passage_scores`); passages without
     sentences get -1, below any sigmoid score (finite, so run files can hold it)."""
     scores = {"final": self.final_score, "local": self.local_score}[which]
-    best = passage_scores(self.node_passage, scores, len(self.record.passages))
-    return np.where(np.isfinite(best), best, -1.0)
+    return run_file_passage_scores(self.node_passage, scores, len(self.record.passages))
 
 
 def make_result(res: QueryScores, line: Optional[int] = None) -> Result:

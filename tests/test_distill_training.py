@@ -1,6 +1,7 @@
 """Distillation and pool validation in the trainer (tiny model, real demo records): the KL and
 gold-masked cross-passage terms against NumPy, validation on 50-passage pools with qrels, the
-global stage with a teacher, and the refusals."""
+global stage with a teacher, the validation features the local stage hands the global stage,
+and the refusals."""
 
 import json
 import pathlib
@@ -169,6 +170,57 @@ def test_global_stage_with_teacher_and_pool_validation(data, local_run, tmp_path
   assert info["source"].startswith("best step") and info["val"] == vals[step] == summary["model_val"]
   assert info["last_val"] == vals[2] == summary["val"]
   assert vals[step]["ndcg@10"] == max(v["ndcg@10"] for v in vals.values())
+  # Its validation features came from the local stage's run (the next test: they are equal).
+  assert log[0]["event"] == "start" and log[0]["val_features_from_local_stage"] is True
+
+
+def _global_config(data, config, work, **kw):
+  return _config("global", **_overrides(data, max_steps=1, micro_batch_size=4,
+                                        local_checkpoint=str(work), val_pools=config.val_pools,
+                                        val_qrels=config.val_qrels, val_corpus=config.val_corpus,
+                                        **kw))
+
+
+def test_local_stage_leaves_the_global_stage_its_validation_features(data, local_run, tmp_path):
+  """The local stage keeps the node features behind its newest validation and, when they are
+  the exported model's, leaves them (LocalStage.save) for the global stage, which reads them
+  instead of running the frozen model over the pools again. They equal, bit for bit, what the
+  global stage computes itself (same engine path, same params); the fingerprint keeps them
+  from a global stage packing otherwise, and params other than the validated ones leave none."""
+  from logrerank_jax.data.records import validate_training_file
+  from logrerank_jax.models.model_folder import load_model
+  config, _, work = local_run
+  assert (work / fc.LOCAL_VAL_FEATURES).exists()
+  records, _ = validate_training_file(config.train_file)
+  units, _ = data_lib.pool_units(config.val_pools, config.val_qrels, config.val_corpus)
+  sources = fc.val_sources(config)
+  g = _global_config(data, config, work)
+  stage = stages.make_stage(g, str(tmp_path / "g"), records)
+  read, hit = stage._features(units, sources[0], "val", sources[1])
+  assert not hit and stage.cache_info["val_features_from_local_stage"] is True
+  own = fc.engine_features(stage.cfg, stage.frozen_local, units, stage.tokenizer,
+                           g.max_seq_len, g.max_query_tokens)
+  assert len(read) == len(own) == 2
+  for a, b in zip(read, own):
+    assert sorted(a) == sorted(b)
+    for k in a:
+      assert a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]), k
+  # Another query cut packs the pools otherwise: its features are computed, not read.
+  other = stages.make_stage(_global_config(data, config, work, max_query_tokens=16),
+                            str(tmp_path / "g16"), records)
+  other._features(units, sources[0], "val", sources[1])
+  assert other.cache_info["val_features_from_local_stage"] is False
+  # Params the newest validation did not score leave no file (and remove an older one).
+  params, _, _ = load_model(str(work / "model"))
+  local = stages.make_stage(config, str(tmp_path / "l"), records)
+  path = tmp_path / "l" / fc.LOCAL_VAL_FEATURES
+  local._val_features = (fc.frozen_local_base(params["local"], local.cfg.local, config.max_seq_len,
+                                              config.max_query_tokens), own)
+  local.save(str(tmp_path / "l" / "model"), params, {})
+  assert fc.read_features(str(path), fc.features_fingerprint(stage.fp_base, *sources)) is not None
+  moved = jax.tree_util.tree_map(lambda x: x + 1.0, params)
+  local.save(str(tmp_path / "l" / "model"), moved, {})
+  assert not path.exists()
 
 
 def test_refusals(data, tmp_path):

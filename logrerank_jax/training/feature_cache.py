@@ -10,6 +10,7 @@ read one of today's keys (it would lack that key).
 
 import dataclasses
 import hashlib
+import json
 import logging
 import os
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -100,8 +101,14 @@ def engine_features(cfg: LoGConfig, local_params, units, tokenizer, row_len: int
     DataError: a unit the engine cannot score, or whose node count per passage is not its
       sentence count (a node would lose its labels).
   """
-  from logrerank_jax.serving.scorer import local_nodes  # pylint: disable=g-import-not-at-top
   rr = local_reranker(cfg, {"local": local_params}, tokenizer, row_len, max_query_tokens)
+  return reranker_features(rr, units)
+
+
+def reranker_features(rr, units) -> List[Dict[str, np.ndarray]]:
+  """`engine_features` through an existing `local_reranker` (its params as they are now): the
+  local stage validates through this, and keeps the result for the global stage."""
+  from logrerank_jax.serving.scorer import local_nodes  # pylint: disable=g-import-not-at-top
   out: List[Dict[str, np.ndarray]] = []
   for chunk in rr._chunks(len(units)):  # pylint: disable=protected-access
     share = [units[i] for i in chunk]
@@ -124,35 +131,49 @@ def engine_features(cfg: LoGConfig, local_params, units, tokenizer, row_len: int
   return out
 
 
-def load_or_compute_features(path: str, fingerprint: str,
-                             compute: Callable[[], List[Dict[str, np.ndarray]]]
-                             ) -> Tuple[List[Dict[str, np.ndarray]], bool]:
-  """Return (per-query features, True) from `path` if its fingerprint matches, else compute and
-  store them (atomically: temp file + rename) and return (features, False).
+def read_features(path: str, fingerprint: str) -> Optional[List[Dict[str, np.ndarray]]]:
+  """The per-query features stored at `path` (`write_features`), or None: no file, another
+  fingerprint, or a file written before the global stage read one of `CACHED_KEYS` (e.g.
+  `local_logit`, which residual_local adds to the GAT's output; reading it would feed the GAT
+  zeros for the missing key)."""
+  if not os.path.exists(path):
+    return None
+  with np.load(path, allow_pickle=False) as z:
+    if str(z["fingerprint"]) != fingerprint:
+      return None
+    missing = [k for k in CACHED_KEYS if k not in z.files]
+    if missing:
+      log.warning("feature cache %s lacks %s (written by an older version): recomputing it",
+                  path, ", ".join(missing))
+      return None
+    offsets = z["offsets"]
+    keys = [k for k in z.files if k not in ("fingerprint", "offsets")]
+    arrays = {k: z[k] for k in keys}
+  return [{k: arrays[k][offsets[i]:offsets[i + 1]] for k in keys}
+          for i in range(len(offsets) - 1)]
 
-  A file with the right fingerprint that lacks one of `CACHED_KEYS` was written before the
-  global stage read that key (e.g. `local_logit`, which residual_local adds to the GAT's
-  output): it is recomputed and overwritten, as a stale one is; reading it would feed the GAT
-  zeros for the missing key.
-  """
-  if os.path.exists(path):
-    with np.load(path, allow_pickle=False) as z:
-      if str(z["fingerprint"]) == fingerprint:
-        missing = [k for k in CACHED_KEYS if k not in z.files]
-        if not missing:
-          offsets = z["offsets"]
-          keys = [k for k in z.files if k not in ("fingerprint", "offsets")]
-          arrays = {k: z[k] for k in keys}
-          return [{k: arrays[k][offsets[i]:offsets[i + 1]] for k in keys}
-                  for i in range(len(offsets) - 1)], True
-        log.warning("feature cache %s lacks %s (written by an older version): recomputing it",
-                    path, ", ".join(missing))
-  items = compute()
+
+def write_features(path: str, fingerprint: str, items: List[Dict[str, np.ndarray]]) -> None:
+  """Store per-query features under `fingerprint`, atomically (temp file + rename)."""
+  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
   offsets = np.cumsum([0] + [len(it["local_score"]) for it in items])
   arrays = {k: np.concatenate([it[k] for it in items]) for k in items[0]}
   tmp = path + ".tmp.npz"
   np.savez(tmp, fingerprint=np.asarray(fingerprint), offsets=offsets, **arrays)
   os.replace(tmp, path)
+
+
+def load_or_compute_features(path: str, fingerprint: str,
+                             compute: Callable[[], List[Dict[str, np.ndarray]]]
+                             ) -> Tuple[List[Dict[str, np.ndarray]], bool]:
+  """Return (per-query features, True) from `path` if its fingerprint matches (`read_features`),
+  else compute and store them and return (features, False). A stale file, or one that lacks
+  one of `CACHED_KEYS`, is recomputed and overwritten."""
+  items = read_features(path, fingerprint)
+  if items is not None:
+    return items, True
+  items = compute()
+  write_features(path, fingerprint, items)
   return items, False
 
 
@@ -227,3 +248,33 @@ def tree_digest(tree) -> str:
 def cache_fingerprint(fp_base: str, data_file: str) -> str:
   """The cache key of one data file's features under the frozen model `fp_base`."""
   return hashlib.sha256((fp_base + file_digest(data_file)).encode()).hexdigest()
+
+
+def frozen_local_base(local_params, local_cfg, row_len: int, max_query_tokens: int) -> str:
+  """What identifies a frozen local model's features apart from the data (`cache_fingerprint`'s
+  `fp_base`): its params, its local config (switches without params, e.g. score_temperature,
+  change the features of the same params) and the packing limits. The local stage writes its
+  kept validation's features under it, the global stage looks them up with it."""
+  return json.dumps({"local": tree_digest(local_params), "local_config": repr(local_cfg),
+                     "max_seq_len": row_len, "max_query_tokens": max_query_tokens,
+                     # computed by the inference engine (engine_features); a cache of the
+                     # older whole-group packing is recomputed
+                     "features": "engine"})
+
+
+def val_sources(config) -> Tuple[str, str]:
+  """(data file, extra file) the validation units of a training config are read from: the
+  pool file and its corpus, or `val_file` and nothing (what the validation cache is keyed by)."""
+  pools = config.get("val_pools", "")
+  return (pools, config.get("val_corpus", "")) if pools else (config.val_file, "")
+
+
+def features_fingerprint(fp_base: str, data_file: str, extra_file: str = "") -> str:
+  """The cache key of the features of `data_file` (read with `extra_file`, e.g. the corpus of
+  id-only pools) under the frozen model `fp_base`."""
+  return cache_fingerprint(fp_base + (file_digest(extra_file) if extra_file else ""), data_file)
+
+
+# Where a local-stage run leaves the frozen features of its exported model's validation
+# (relative to its workdir): the global stage's validation cache, computed already.
+LOCAL_VAL_FEATURES = os.path.join("feature_cache", "val-exported-model.npz")

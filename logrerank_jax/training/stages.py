@@ -32,7 +32,7 @@ from logrerank_jax.errors import ConfigError
 from logrerank_jax.evaluation import ranking_from_scores, rerank_metrics
 from logrerank_jax.models import log_reranker as lr
 from logrerank_jax.models.model_folder import load_model, save_model
-from logrerank_jax.ranking import passage_order, passage_scores
+from logrerank_jax.ranking import passage_order, passage_scores, run_file_passage_scores
 from logrerank_jax.schema import NUM_ROLES
 from logrerank_jax.training import data as data_lib
 from logrerank_jax.training import feature_cache as fc
@@ -312,6 +312,10 @@ class LocalStage:
     self.units = _with_teacher(data_lib.local_units(records), config)
     self.distill_weight, self.distill_temperature = distill_settings(config)
     self.cache_info: Dict[str, Any] = {}
+    self.workdir = workdir
+    # The frozen-model fingerprint base and node features of the newest validation: `save`
+    # leaves them for the global stage when they are the exported model's.
+    self._val_features: Optional[Tuple[str, List[Dict[str, np.ndarray]]]] = None
 
   num_shards = 1  # set by the loop before `micro_batches`
 
@@ -407,14 +411,18 @@ class LocalStage:
     The queries are scored by the inference engine (`serving.Reranker`, local stage only) with
     this run's row length and query cut: the calls, buckets and passage ranking (best local
     sentence score, ties by passage id) that `tools/evaluate.py` gives the exported model as
-    `log-local`, so the validation figure is that one (for queries within the query cut). The engine fills each call with passages of several queries
-    in small row buckets, where whole-query groups padded to a power-of-two row bucket computed
-    up to twice the tokens. One engine per stage: each evaluation swaps in the params, and the
-    compiled calls are reused.
+    `log-local`, so the validation figure is that one (for queries within the query cut). The
+    engine fills each call with passages of several queries in small row buckets, where
+    whole-query groups padded to a power-of-two row bucket computed up to twice the tokens.
+    One engine per stage: each evaluation swaps in the params, and the compiled calls are
+    reused.
+
+    The node features behind the scores are the global stage's validation features for these
+    params (`feature_cache.reranker_features`, the global stage's own path), so the newest
+    ones are kept and `save` leaves them for it.
     """
     if not val_units:
       return lambda params: {}
-    records = [data_lib.unit_record(u) for u in val_units]
     qrels = unit_qrels(val_units) if qrels is None else qrels
     engine: Dict[str, Any] = {}  # the one local_reranker, built at the first validation
 
@@ -425,13 +433,14 @@ class LocalStage:
       else:
         engine["rr"] = fc.local_reranker(self.cfg, local, self.tokenizer, self.config.max_seq_len,
                                          self.config.max_query_tokens)
-      run = {}
-      for u, res in zip(val_units, engine["rr"].score(records)):
-        if isinstance(res, Exception):  # a validation query the engine cannot score
-          raise res
-        # Ties (sigmoid scores saturate in float32) by ascending passage id, as in evaluate.py.
-        run[u.qid] = ranking_from_scores(dict(zip(u.passage_ids,
-                                                  res.passage_scores("local").tolist())))
+      items = fc.reranker_features(engine["rr"], val_units)
+      self._val_features = (fc.frozen_local_base(params["local"], self.cfg.local,
+                                                 self.config.max_seq_len,
+                                                 self.config.max_query_tokens), items)
+      # Ties (sigmoid scores saturate in float32) by ascending passage id, as in evaluate.py.
+      run = {u.qid: ranking_from_scores(dict(zip(u.passage_ids, run_file_passage_scores(
+          it["node_passage"], it["local_score"], len(u.passage_ids)).tolist())))
+             for u, it in zip(val_units, items)}
       return rerank_metrics(run, qrels, k=10)
     return evaluate
 
@@ -440,8 +449,19 @@ class LocalStage:
     return params
 
   def save(self, model_dir: str, params, info) -> None:
-    """Write the LoG model folder (`models.model_folder.save_model`)."""
+    """Write the LoG model folder (`models.model_folder.save_model`), and, when the newest
+    validation scored these params, its node features where the global stage looks for its
+    validation cache (`feature_cache.LOCAL_VAL_FEATURES`; the demo: about 80 s it would spend
+    computing them again). Other params leave no file (an older one is removed)."""
     save_model(model_dir, params, self.cfg, self.tokenizer, info=info)
+    path = os.path.join(self.workdir, fc.LOCAL_VAL_FEATURES)
+    base = fc.frozen_local_base(params["local"], self.cfg.local, self.config.max_seq_len,
+                                self.config.max_query_tokens)
+    if self._val_features is not None and self._val_features[0] == base:
+      fc.write_features(path, fc.features_fingerprint(base, *fc.val_sources(self.config)),
+                        self._val_features[1])
+    elif os.path.exists(path):
+      os.remove(path)
 
 
 class GlobalStage:
@@ -476,15 +496,8 @@ class GlobalStage:
     self.cache_info: Dict[str, Any] = {}
     self.fp_base: Optional[str] = None  # identifies the frozen model's cached features
     if config.use_feature_cache:
-      # The local config too: switches without params (e.g. score_temperature) change the
-      # cached features of the same params.
-      self.fp_base = json.dumps({"local": fc.tree_digest(self.frozen_local),
-                                 "local_config": repr(self.cfg.local),
-                                 "max_seq_len": config.max_seq_len,
-                                 "max_query_tokens": config.max_query_tokens,
-                                 # computed by the inference engine (fc.engine_features); a
-                                 # cache of the older whole-group packing is recomputed
-                                 "features": "engine"})
+      self.fp_base = fc.frozen_local_base(self.frozen_local, self.cfg.local, config.max_seq_len,
+                                          config.max_query_tokens)
 
   def _features(self, units, data_file: str, split: str, extra_file: str = ""):
     """Cached (or, without the cache, freshly computed) frozen-local features of `units`
@@ -493,12 +506,19 @@ class GlobalStage:
                                          self.config.max_seq_len, self.config.max_query_tokens)
     if self.fp_base is None:
       return compute(), False
-    cache_dir = os.path.join(self.workdir, "feature_cache")
-    os.makedirs(cache_dir, exist_ok=True)
-    base = self.fp_base + (fc.file_digest(extra_file) if extra_file else "")
+    fingerprint = fc.features_fingerprint(self.fp_base, data_file, extra_file)
+    if split == "val":
+      # The local stage validated this very model on these units through the same engine
+      # path, and left the features (LocalStage.save): read, not computed again. The
+      # fingerprint holds it to the same params, local config, packing limits and files.
+      shared = fc.read_features(os.path.join(self.config.local_checkpoint,
+                                              fc.LOCAL_VAL_FEATURES), fingerprint)
+      self.cache_info["val_features_from_local_stage"] = shared is not None
+      if shared is not None:
+        compute = lambda: shared  # noqa: E731
     return fc.load_or_compute_features(
-        os.path.join(cache_dir, f"{split}-p{jax.process_index()}.npz"),
-        fc.cache_fingerprint(base, data_file), compute)
+        os.path.join(self.workdir, "feature_cache", f"{split}-p{jax.process_index()}.npz"),
+        fingerprint, compute)
 
   def micro_batches(self, groups, shares_of):
     """[micro-batch][device share]: cached node features, or token batches without the cache."""
@@ -581,9 +601,8 @@ class GlobalStage:
     """params -> passage metrics on the validation queries, from global scores."""
     if not val_units:
       return lambda params: {}
-    pools = self.config.get("val_pools", "")
-    feats, _ = self._features(val_units, pools or self.config.val_file, "val",
-                              self.config.get("val_corpus", "") if pools else "")
+    data_file, extra_file = fc.val_sources(self.config)
+    feats, _ = self._features(val_units, data_file, "val", extra_file)
     n_max = max(len(f["local_score"]) for f in feats)
     group_size = self.config.cache_batch_queries
     run = jax.jit(lambda p, b: self._global_logits(p, b, True))
