@@ -277,6 +277,41 @@ def test_rows_longer_than_the_encoder_positions_are_refused(minilm_path, tmp_pat
     stages.make_stage(config, str(tmp_path / "wd"), [parse_training_record(r) for r in records])
 
 
+@pytest.mark.parametrize("stage", ["local", "passage"])
+def test_encoder_attention_dropout_replaces_the_checkpoints_and_minus_one_keeps_it(
+    minilm_path, tmp_path, stage):
+  """`encoder_attention_dropout` is the rate the stage's encoder trains with: MiniLM's config
+  says 0.1; -1 keeps it, 0 (the demo's recipe) turns it off, so training runs the fast
+  attention path; a rate outside [0, 1) is refused by name. ModernBERT's field
+  (`attention_dropout`) is set the same way (the tiny LoG model)."""
+  from logrerank_jax.data.records import parse_training_record
+  from logrerank_jax.models.modernbert import ModernBertConfig
+  from logrerank_jax.training import stages
+  line = (DEMO / "train.jsonl").read_text().splitlines()[0]
+  records = [parse_training_record(json.loads(line))]
+
+  def rate(value, **kw):
+    config = _stage_config(stage, init_checkpoint=minilm_path, max_seq_len=256, train_file="unused",
+                           encoder_attention_dropout=value, **kw)
+    st = stages.make_stage(config, str(tmp_path / "wd"), records)
+    return st.cfg if stage == "passage" else st.cfg.local.encoder
+  assert rate(-1.0).attention_probs_dropout_prob == 0.1  # MiniLM's own
+  assert rate(0.0).attention_probs_dropout_prob == 0.0
+  assert rate(0.25).attention_probs_dropout_prob == 0.25
+  with pytest.raises(ConfigError, match="encoder_attention_dropout must be in"):
+    rate(1.0)
+  minilm = importlib.util.spec_from_file_location("cfg_minilm", ROOT / "configs" / "local_stage.py")
+  module = importlib.util.module_from_spec(minilm)
+  minilm.loader.exec_module(module)
+  assert module.get_config("minilm").encoder_attention_dropout == 0.0
+  assert module.get_config().encoder_attention_dropout == -1.0
+  if stage == "local":
+    tiny = _stage_config("local", init_checkpoint="", tokenizer=minilm_path, train_file="unused",
+                         encoder_attention_dropout=0.2)
+    enc = stages.make_stage(tiny, str(tmp_path / "wd2"), records).cfg.local.encoder
+    assert isinstance(enc, ModernBertConfig) and enc.attention_dropout == 0.2
+
+
 def test_tokenizer_larger_than_the_encoder_vocabulary_is_refused(minilm_path, tmp_path):
   """A 30,522-token tokenizer with a 1,000-token encoder: ids past the embedding table would be
   clamped by XLA's gather, so the local stage refuses the pair by name."""

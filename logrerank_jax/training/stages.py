@@ -99,6 +99,25 @@ def forward_packing(pack_cfg: PackingConfig) -> PackingConfig:
   return dataclasses.replace(pack_cfg, row_buckets=grown_buckets(pack_cfg.row_buckets, 1024))
 
 
+def with_attention_dropout(encoder, config):
+  """`encoder` (a BERT-family or ModernBERT config) with the training config's
+  `encoder_attention_dropout` as its attention-probability dropout; -1 (the default) keeps the
+  encoder's own.
+
+  Raises:
+    ConfigError: a rate outside [0, 1) other than -1.
+  """
+  rate = float(config.get("encoder_attention_dropout", -1.0))
+  if rate == -1.0:
+    return encoder
+  if not 0.0 <= rate < 1.0:
+    raise ConfigError(f"config.encoder_attention_dropout must be in [0, 1) or -1 (the encoder's "
+                      f"own), got {rate}")
+  from logrerank_jax.models.bert import BertConfig  # pylint: disable=g-import-not-at-top
+  field = "attention_probs_dropout_prob" if isinstance(encoder, BertConfig) else "attention_dropout"
+  return dataclasses.replace(encoder, **{field: rate})
+
+
 def with_hf_encoder(cfg: lr.LoGConfig, path: str) -> lr.LoGConfig:
   """Replace the encoder config by the one of an HF folder (keeping dtype).
 
@@ -306,8 +325,9 @@ class LocalStage:
             f"tokenizer has {len(self.tokenizer)} tokens but the encoder of "
             f"config.init_checkpoint={config.init_checkpoint} only "
             f"{cfg.local.encoder.vocab_size}; use that folder's tokenizer")
-    self.cfg = cfg
-    self.pack_cfg = packing_config(config, cfg)
+    self.cfg = dataclasses.replace(cfg, local=dataclasses.replace(
+        cfg.local, encoder=with_attention_dropout(cfg.local.encoder, config)))
+    self.pack_cfg = packing_config(config, self.cfg)
     self.shape_buckets = bool(config.get("shape_buckets", True))
     self.units = _with_teacher(data_lib.local_units(records), config)
     self.distill_weight, self.distill_temperature = distill_settings(config)
@@ -645,7 +665,7 @@ class PassageStage:
     if encoder_family(enc) != "bert":
       raise ConfigError("the passage stage supports BERT-family checkpoints only")
     check_row_fits(config, enc)
-    self.cfg = enc.replace(num_labels=1)
+    self.cfg = with_attention_dropout(enc, config).replace(num_labels=1)
     self.shape_buckets = bool(config.get("shape_buckets", True))
     self.units = _with_teacher(data_lib.query_units(records), config)
     self.distill_weight, self.distill_temperature = distill_settings(config)
