@@ -161,7 +161,7 @@ class Reranker:
     recs = [ln.record for ln in self._lines(records) if isinstance(ln.record, InferenceRecord)]
     real = computed = calls = 0
     shapes = set()
-    for idx in self._chunks(len(recs)):
+    for idx in self.chunks(len(recs)):
       for arrays, (_, _, info) in self._local_jobs([recs[i] for i in idx]):
         real += info.real_tokens
         computed += int(np.prod(arrays["input_ids"].shape))
@@ -204,8 +204,9 @@ class Reranker:
       jobs = self._local_jobs(records)
     return score_group(self.engine, self.planner, records, jobs)
 
-  def _chunks(self, n: int) -> List[List[int]]:
-    """Record indices 0..n-1 cut into the chunks of `chunk_records` that `score` scores."""
+  def chunks(self, n: int) -> List[List[int]]:
+    """Record indices 0..n-1 cut into the chunks of `chunk_records` that `score` scores (the
+    training feature pass, `feature_cache.reranker_features`, runs the same chunks)."""
     return pipeline.chunk_indices(n, self.chunk_records)
 
   def prepare(self, records: Sequence[InferenceRecord], tokenizer=None
@@ -271,7 +272,7 @@ class Reranker:
     if progress:
       from tqdm import tqdm  # pylint: disable=g-import-not-at-top
       bar = tqdm(total=len(records), unit="query", desc="rerank")
-    chunks = pipeline.prepared_chunks(records, self._chunks(len(records)), self._local_jobs,
+    chunks = pipeline.prepared_chunks(records, self.chunks(len(records)), self._local_jobs,
                                       self.tokenizer, self.host_workers)
     for idx, jobs in chunks:
       for i, r in zip(idx, self.score_chunk([records[i] for i in idx], jobs)):

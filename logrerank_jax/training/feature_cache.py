@@ -110,7 +110,7 @@ def reranker_features(rr, units) -> List[Dict[str, np.ndarray]]:
   local stage validates through this, and keeps the result for the global stage."""
   from logrerank_jax.serving.scorer import local_nodes  # pylint: disable=g-import-not-at-top
   out: List[Dict[str, np.ndarray]] = []
-  for chunk in rr._chunks(len(units)):  # pylint: disable=protected-access
+  for chunk in rr.chunks(len(units)):
     share = [units[i] for i in chunk]
     nodes = local_nodes(rr.engine, rr.planner, [data_lib.unit_record(u) for u in share])[0]
     for u, ns in zip(share, nodes):
