@@ -186,7 +186,8 @@ def test_local_stage_leaves_the_global_stage_its_validation_features(data, local
   the exported model's, leaves them (LocalStage.save) for the global stage, which reads them
   instead of running the frozen model over the pools again. They equal, bit for bit, what the
   global stage computes itself (same engine path, same params); the fingerprint keeps them
-  from a global stage packing otherwise, and params other than the validated ones leave none."""
+  from a global stage packing otherwise, and from params other than the ones they were computed
+  with: saving other params writes none, and the file already there does not match them."""
   from logrerank_jax.data.records import validate_training_file
   from logrerank_jax.models.model_folder import load_model
   config, _, work = local_run
@@ -210,7 +211,8 @@ def test_local_stage_leaves_the_global_stage_its_validation_features(data, local
                             str(tmp_path / "g16"), records)
   other._features(units, sources[0], "val", sources[1])
   assert other.cache_info["val_features_from_local_stage"] is False
-  # Params the newest validation did not score leave no file (and remove an older one).
+  # Params the newest validation did not score write nothing; the file there (these params')
+  # does not match them, so a global stage on the moved params computes its own.
   params, _, _ = load_model(str(work / "model"))
   local = stages.make_stage(config, str(tmp_path / "l"), records)
   path = tmp_path / "l" / fc.LOCAL_VAL_FEATURES
@@ -218,9 +220,13 @@ def test_local_stage_leaves_the_global_stage_its_validation_features(data, local
                                               config.max_query_tokens), own)
   local.save(str(tmp_path / "l" / "model"), params, {})
   assert fc.read_features(str(path), fc.features_fingerprint(stage.fp_base, *sources)) is not None
+  written = path.read_bytes()
   moved = jax.tree_util.tree_map(lambda x: x + 1.0, params)
   local.save(str(tmp_path / "l" / "model"), moved, {})
-  assert not path.exists()
+  assert path.read_bytes() == written
+  moved_base = fc.frozen_local_base(moved["local"], local.cfg.local, config.max_seq_len,
+                                    config.max_query_tokens)
+  assert fc.read_features(str(path), fc.features_fingerprint(moved_base, *sources)) is None
 
 
 def test_refusals(data, tmp_path):

@@ -472,16 +472,16 @@ class LocalStage:
     """Write the LoG model folder (`models.model_folder.save_model`), and, when the newest
     validation scored these params, its node features where the global stage looks for its
     validation cache (`feature_cache.LOCAL_VAL_FEATURES`; the demo: about 80 s it would spend
-    computing them again). Other params leave no file (an older one is removed)."""
+    computing them again). Other params write nothing: a file already there (e.g. from the run
+    a re-run of a finished workdir re-exports) is left, and its fingerprint, which names the
+    params it was computed with, decides whether the global stage may read it."""
     save_model(model_dir, params, self.cfg, self.tokenizer, info=info)
-    path = os.path.join(self.workdir, fc.LOCAL_VAL_FEATURES)
     base = fc.frozen_local_base(params["local"], self.cfg.local, self.config.max_seq_len,
                                 self.config.max_query_tokens)
     if self._val_features is not None and self._val_features[0] == base:
-      fc.write_features(path, fc.features_fingerprint(base, *fc.val_sources(self.config)),
+      fc.write_features(os.path.join(self.workdir, fc.LOCAL_VAL_FEATURES),
+                        fc.features_fingerprint(base, *fc.val_sources(self.config)),
                         self._val_features[1])
-    elif os.path.exists(path):
-      os.remove(path)
 
 
 class GlobalStage:
