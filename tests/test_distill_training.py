@@ -219,14 +219,14 @@ def test_local_stage_leaves_the_global_stage_its_validation_features(data, local
   local._val_features = (fc.frozen_local_base(params["local"], local.cfg.local, config.max_seq_len,
                                               config.max_query_tokens), own)
   local.save(str(tmp_path / "l" / "model"), params, {})
-  assert fc.read_features(str(path), fc.features_fingerprint(stage.fp_base, *sources)) is not None
+  assert fc.read_features(str(path), fc.cache_fingerprint(stage.fp_base, *sources)) is not None
   written = path.read_bytes()
   moved = jax.tree_util.tree_map(lambda x: x + 1.0, params)
   local.save(str(tmp_path / "l" / "model"), moved, {})
   assert path.read_bytes() == written
   moved_base = fc.frozen_local_base(moved["local"], local.cfg.local, config.max_seq_len,
                                     config.max_query_tokens)
-  assert fc.read_features(str(path), fc.features_fingerprint(moved_base, *sources)) is None
+  assert fc.read_features(str(path), fc.cache_fingerprint(moved_base, *sources)) is None
 
 
 def test_refusals(data, tmp_path):

@@ -245,9 +245,11 @@ def tree_digest(tree) -> str:
   return h.hexdigest()[:16]
 
 
-def cache_fingerprint(fp_base: str, data_file: str) -> str:
-  """The cache key of one data file's features under the frozen model `fp_base`."""
-  return hashlib.sha256((fp_base + file_digest(data_file)).encode()).hexdigest()
+def cache_fingerprint(fp_base: str, data_file: str, extra_file: str = "") -> str:
+  """The cache key of the features of `data_file` (read with `extra_file`, e.g. the corpus of
+  id-only pools) under the frozen model `fp_base` (`frozen_local_base`)."""
+  base = fp_base + (file_digest(extra_file) if extra_file else "")
+  return hashlib.sha256((base + file_digest(data_file)).encode()).hexdigest()
 
 
 def frozen_local_base(local_params, local_cfg, row_len: int, max_query_tokens: int) -> str:
@@ -267,12 +269,6 @@ def val_sources(config) -> Tuple[str, str]:
   pool file and its corpus, or `val_file` and nothing (what the validation cache is keyed by)."""
   pools = config.get("val_pools", "")
   return (pools, config.get("val_corpus", "")) if pools else (config.val_file, "")
-
-
-def features_fingerprint(fp_base: str, data_file: str, extra_file: str = "") -> str:
-  """The cache key of the features of `data_file` (read with `extra_file`, e.g. the corpus of
-  id-only pools) under the frozen model `fp_base`."""
-  return cache_fingerprint(fp_base + (file_digest(extra_file) if extra_file else ""), data_file)
 
 
 # Where a local-stage run leaves the frozen features of its exported model's validation

@@ -454,9 +454,7 @@ class LocalStage:
         engine["rr"] = fc.local_reranker(self.cfg, local, self.tokenizer, self.config.max_seq_len,
                                          self.config.max_query_tokens)
       items = fc.reranker_features(engine["rr"], val_units)
-      self._val_features = (fc.frozen_local_base(params["local"], self.cfg.local,
-                                                 self.config.max_seq_len,
-                                                 self.config.max_query_tokens), items)
+      self._val_features = (self._features_base(params), items)
       # Ties (sigmoid scores saturate in float32) by ascending passage id, as in evaluate.py.
       run = {u.qid: ranking_from_scores(dict(zip(u.passage_ids, run_file_passage_scores(
           it["node_passage"], it["local_score"], len(u.passage_ids)).tolist())))
@@ -468,6 +466,12 @@ class LocalStage:
     """The exported model is the trained local model alone ("w/o global" until stage 2)."""
     return params
 
+  def _features_base(self, params) -> str:
+    """`feature_cache.frozen_local_base` of `params` with this run's packing limits: what a
+    global stage on the exported model computes for its own cache."""
+    return fc.frozen_local_base(params["local"], self.cfg.local, self.config.max_seq_len,
+                                self.config.max_query_tokens)
+
   def save(self, model_dir: str, params, info) -> None:
     """Write the LoG model folder (`models.model_folder.save_model`), and, when the newest
     validation scored these params, its node features where the global stage looks for its
@@ -476,11 +480,10 @@ class LocalStage:
     a re-run of a finished workdir re-exports) is left, and its fingerprint, which names the
     params it was computed with, decides whether the global stage may read it."""
     save_model(model_dir, params, self.cfg, self.tokenizer, info=info)
-    base = fc.frozen_local_base(params["local"], self.cfg.local, self.config.max_seq_len,
-                                self.config.max_query_tokens)
+    base = self._features_base(params)
     if self._val_features is not None and self._val_features[0] == base:
       fc.write_features(os.path.join(self.workdir, fc.LOCAL_VAL_FEATURES),
-                        fc.features_fingerprint(base, *fc.val_sources(self.config)),
+                        fc.cache_fingerprint(base, *fc.val_sources(self.config)),
                         self._val_features[1])
 
 
@@ -526,16 +529,20 @@ class GlobalStage:
                                          self.config.max_seq_len, self.config.max_query_tokens)
     if self.fp_base is None:
       return compute(), False
-    fingerprint = fc.features_fingerprint(self.fp_base, data_file, extra_file)
+    fingerprint = fc.cache_fingerprint(self.fp_base, data_file, extra_file)
     if split == "val":
       # The local stage validated this very model on these units through the same engine
-      # path, and left the features (LocalStage.save): read, not computed again. The
-      # fingerprint holds it to the same params, local config, packing limits and files.
-      shared = fc.read_features(os.path.join(self.config.local_checkpoint,
-                                              fc.LOCAL_VAL_FEATURES), fingerprint)
-      self.cache_info["val_features_from_local_stage"] = shared is not None
-      if shared is not None:
-        compute = lambda: shared  # noqa: E731
+      # path, and left the features (LocalStage.save): on a miss of this stage's own cache,
+      # read them rather than compute them again. The fingerprint holds them to the same
+      # params, local config, packing limits and files.
+      shared_path = os.path.join(self.config.local_checkpoint, fc.LOCAL_VAL_FEATURES)
+      from_engine = compute
+
+      def from_local_stage():
+        shared = fc.read_features(shared_path, fingerprint)
+        self.cache_info["val_features_from_local_stage"] = shared is not None
+        return from_engine() if shared is None else shared
+      compute = from_local_stage
     return fc.load_or_compute_features(
         os.path.join(self.workdir, "feature_cache", f"{split}-p{jax.process_index()}.npz"),
         fingerprint, compute)
