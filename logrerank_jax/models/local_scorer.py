@@ -346,7 +346,8 @@ class LocalScorer(nn.Module):
 
   @nn.compact
   def __call__(self, input_ids, attention_mask, segment_ids, position_ids, span_ids, span_kind,
-               span_query, deterministic: bool = True) -> Dict[str, jax.Array]:
+               span_query, deterministic: bool = True, prior_pooled=None,
+               prior_only: bool = False) -> Dict[str, jax.Array]:
     """Score every span of a packed batch.
 
     Args:
@@ -354,6 +355,13 @@ class LocalScorer(nn.Module):
       span_kind: [S] int32 (0 none, 1 query, 2 sentence).
       span_query: [S] int32, for a sentence span the index of its sequence's query span.
       deterministic: False enables dropout (needs a "dropout" rng).
+      prior_pooled: split dense prior only: [S, d] float32, each span's pooled state of the
+        prior's pass, computed elsewhere (`prior_only`, on deduplicated segments:
+        `serving.prior_cache`); the pass is then not run here. None runs it (training does).
+      prior_only: the rows are already in the split layout (each side its own segment, the
+        positions and ids of `split_query_passage`): return only that pass's pooled spans,
+        `{"prior_pooled": [S, d]}` (`span_query` is unused). One compact method per Flax
+        module, so this entry point is a flag, and it reads the same "encoder" params.
 
     Returns:
       Dict of per-span float32 arrays: `h` [S, d] (pooled span), `h_query` [S, d] (pooled query
@@ -372,6 +380,19 @@ class LocalScorer(nn.Module):
                        segment_ids=segments, position_ids=positions, deterministic=deterministic)
       return encoder(ids, attention_mask, segment_ids=segments, position_ids=positions,
                      deterministic=deterministic)
+
+    def prior_pass(ids2, seg2, pos2):  # the split prior's pooled spans  [S, d]
+      # The same encoder (same params) once more, query and passage as separate segments
+      # and token type 0 throughout: the bi-encoder the checkpoint may have been trained as.
+      hidden2 = encode(seg2, pos2, jnp.zeros_like(ids2), ids2)  # [R, L, d]
+      if cfg.dense_prior_pooling == "passage":
+        # Each span's tokens lie in one segment, so pooling the segment means over the span
+        # gives that segment's mean (its [CLS]/[SEP] included, as the bi-encoder pools).
+        hidden2 = segment_means(hidden2, seg2)
+      return pool_spans(hidden2, span_ids, num_spans)[0]
+
+    if prior_only:
+      return {"prior_pooled": prior_pass(input_ids, segment_ids, position_ids)}
 
     token_types = (pair_token_types(span_ids, span_kind, segment_ids)
                    if is_bert and cfg.encoder.type_vocab_size > 1 else jnp.zeros_like(input_ids))
@@ -406,18 +427,13 @@ class LocalScorer(nn.Module):
       scale = self.param("dense_prior_scale",
                          lambda _, shape: jnp.full(shape, cfg.dense_prior, jnp.float32), (1,))
       if cfg.dense_prior_encoding == "split":
-        # The same encoder (same params) once more, query and passage as separate segments
-        # and token type 0 throughout: the bi-encoder the checkpoint may have been trained as.
-        ids2, seg2, pos2 = split_query_passage(input_ids, span_ids, span_kind, segment_ids,
-                                               position_ids, cfg.dense_prior_passage_cls)
-        hidden2 = encode(seg2, pos2, jnp.zeros_like(input_ids), ids2)  # [R, L, d]
-        if cfg.dense_prior_pooling == "passage":
-          # Each span's tokens lie in one segment, so pooling the segment means over the span
-          # gives that segment's mean (its [CLS]/[SEP] included, as the bi-encoder pools).
-          hidden2 = segment_means(hidden2, seg2)
+        if prior_pooled is None:
+          pooled2 = prior_pass(*split_query_passage(input_ids, span_ids, span_kind, segment_ids,
+                                                    position_ids, cfg.dense_prior_passage_cls))
+        else:
+          pooled2 = jnp.asarray(prior_pooled, jnp.float32)
         if not cfg.dense_prior_gradient:
-          hidden2 = jax.lax.stop_gradient(hidden2)
-        pooled2, _ = pool_spans(hidden2, span_ids, num_spans)  # [S, d]
+          pooled2 = jax.lax.stop_gradient(pooled2)  # [S, d]
         p_s, p_q = pooled2, jnp.take(pooled2, q_idx, axis=0)
       else:
         p_s, p_q = h_s, h_q

@@ -309,9 +309,17 @@ class LoGReranker(nn.Module):
     """
     q, n = batch["node_mask"].shape
     span_out = self.local(*[batch[k] for k in TOKEN_KEYS], batch["span_kind"],
-                          batch["span_query"], deterministic=deterministic)
+                          batch["span_query"], deterministic=deterministic,
+                          prior_pooled=batch.get("prior_pooled"))
     flat = spans_to_nodes(span_out, batch["span_node"], q * n)  # each [Q*N, ...]
     return {k: v.reshape((q, n) + v.shape[1:]) for k, v in flat.items()}
+
+  def prior_spans(self, batch: Mapping[str, jax.Array]) -> jax.Array:
+    """The split dense prior's pass alone over rows already in the split layout
+    (`serving.prior_cache`): each span's pooled state [S, d] float32, what `local_nodes` reads
+    from `batch["prior_pooled"]` instead of running the pass itself."""
+    return self.local(*[batch[k] for k in TOKEN_KEYS], batch["span_kind"], None,
+                      prior_only=True)["prior_pooled"]
 
   def sentence_graph(self, features: Mapping[str, jax.Array], node_passage: jax.Array,
                      node_mask: jax.Array):

@@ -1,4 +1,4 @@
-"""Device side of the reranking engine: the two jitted forwards, the device mesh, the compiled
+"""Device side of the reranking engine: the jitted forwards, the device mesh, the compiled
 executables and their counts.
 
 `Engine` owns the params (replicated once over a mesh of this process's devices), the jitted local
@@ -28,6 +28,7 @@ import numpy as np
 from logrerank_jax import compilation
 from logrerank_jax.errors import CheckpointError, DataError
 from logrerank_jax.models import log_reranker as lr
+from logrerank_jax.serving.prior_cache import DEFAULT_MAX_SEGMENTS, PriorCache, uses_split_prior
 
 
 def check_param_shapes(params, cfg: lr.LoGConfig) -> None:
@@ -58,6 +59,13 @@ def local_forward(params, arrays, cfg):
   nodes = lr.LoGReranker(cfg).apply({"params": {"local": params["local"]}}, arrays, True,
                                     method=lr.LoGReranker.local_nodes)
   return {k: nodes[k] for k in lr.GLOBAL_FEATURE_KEYS}
+
+
+def prior_forward(params, arrays, cfg):
+  """Jitted split dense prior pass over rows in the split layout (`serving.prior_cache`): the
+  pooled spans [S, d] the local forward then reads as `prior_pooled`."""
+  return lr.LoGReranker(cfg).apply({"params": {"local": params["local"]}}, arrays,
+                                   method=lr.LoGReranker.prior_spans)
 
 
 def global_forward(params, feats, cfg):
@@ -111,13 +119,16 @@ def raise_if_out_of_memory(e: Exception) -> None:
 class Engine:
   """The jitted local and global stages of one model on this process's devices."""
 
-  def __init__(self, params, cfg: lr.LoGConfig, devices: Optional[Sequence[Any]] = None):
-    """Place `params` on the devices and build the two jitted stages.
+  def __init__(self, params, cfg: lr.LoGConfig, devices: Optional[Sequence[Any]] = None,
+               prior_cache_segments: int = DEFAULT_MAX_SEGMENTS):
+    """Place `params` on the devices and build the jitted stages.
 
     Args:
       params: the `LoGReranker` param tree (checked against `cfg`).
       cfg: its `LoGConfig`.
       devices: the devices to shard calls over (default `jax.local_devices()`).
+      prior_cache_segments: for a split dense prior, the distinct segments whose prior pass
+        is kept (`serving.prior_cache`); 0 runs the pass inside every local call instead.
     """
     from jax.sharding import Mesh, NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
     if cfg.use_global and "global" not in params:
@@ -131,7 +142,13 @@ class Engine:
     # Params live on the devices once (replicated); host arrays would be copied on every call.
     self.params = jax.device_put(params, NamedSharding(self.mesh, PartitionSpec()))
     self._jits = {"local": stacked(functools.partial(local_forward, cfg=cfg), self.mesh),
-                  "global": stacked(functools.partial(global_forward, cfg=cfg), self.mesh)}
+                  "global": stacked(functools.partial(global_forward, cfg=cfg), self.mesh),
+                  "prior": stacked(functools.partial(prior_forward, cfg=cfg), self.mesh)}
+    # The split dense prior's pass runs once per distinct segment, outside the local forward
+    # (`serving.prior_cache`); None for a model without one, or when turned off.
+    self.prior_cache = (PriorCache(prior_cache_segments)
+                        if prior_cache_segments and uses_split_prior(cfg.local_scorer_config)
+                        else None)
     self._executables = {}  # (stage, shapes) -> compiled executable
     self._compiles = 0
     self._cache_hits = 0
@@ -148,6 +165,8 @@ class Engine:
       raise CheckpointError("params have no 'global' tree but the config has use_global=True")
     check_param_shapes(params, self.cfg)
     self.params = jax.device_put(params, NamedSharding(self.mesh, PartitionSpec()))
+    if self.prior_cache is not None:
+      self.prior_cache.clear()  # its pooled spans are the old params'
 
   def compile_stats(self) -> dict:
     """Compilation counters (module docstring) and the number of device steps run."""

@@ -32,6 +32,7 @@ from logrerank_jax.results import (QueryScores, RankedResults, RecordError, Resu
 from logrerank_jax.serving import pipeline
 from logrerank_jax.serving.engine import Engine
 from logrerank_jax.serving.planner import DEFAULT_LOCAL_SLOTS, Planner, default_packing_config
+from logrerank_jax.serving.prior_cache import DEFAULT_MAX_SEGMENTS
 from logrerank_jax.serving.scorer import score_group
 
 
@@ -41,7 +42,8 @@ class Reranker:
   def __init__(self, params, cfg: lr.LoGConfig, tokenizer,
                packing: Optional[PackingConfig] = None, queries_per_batch: int = 4,
                local_slots: Optional[int] = None, devices: Optional[Sequence[Any]] = None,
-               host_workers: int = pipeline.DEFAULT_HOST_WORKERS, _local_only: bool = False):
+               host_workers: int = pipeline.DEFAULT_HOST_WORKERS,
+               prior_cache_segments: int = DEFAULT_MAX_SEGMENTS, _local_only: bool = False):
     """Wrap loaded params.
 
     Args:
@@ -58,6 +60,9 @@ class Reranker:
         process's devices); D calls of one shape run as one data-parallel step.
       host_workers: host threads that prepare the next chunks of records (tokenise, plan,
         pack) while the devices run the current one (`score`); 0 runs everything serially.
+      prior_cache_segments: a model with a split dense prior runs that pass once per distinct
+        query and passage window and keeps this many (`serving.prior_cache`); 0 runs it in
+        every local call (the training path). Same scores to float rounding.
     """
     for name, v in (("queries_per_batch", queries_per_batch), ("local_slots", local_slots)):
       if v is None and name == "local_slots":
@@ -67,7 +72,10 @@ class Reranker:
     if isinstance(host_workers, bool) or not isinstance(host_workers, int) or host_workers < 0:
       raise ConfigError(f"host_workers must be an int >= 0, got {host_workers!r}")
     self.host_workers = host_workers
-    self.engine = Engine(params, cfg, devices)
+    if (isinstance(prior_cache_segments, bool) or not isinstance(prior_cache_segments, int)
+        or prior_cache_segments < 0):
+      raise ConfigError(f"prior_cache_segments must be an int >= 0, got {prior_cache_segments!r}")
+    self.engine = Engine(params, cfg, devices, prior_cache_segments)
     self.cfg = cfg
     # True when `from_pretrained` loaded a local-stage model (no global params) as "w/o global".
     self.local_only = bool(_local_only)

@@ -35,6 +35,8 @@ def local_nodes(engine: Engine, planner: Planner, records: Sequence[InferenceRec
   truncated_q = [False] * len(records)
   if jobs is None:
     jobs = planner.local_jobs(records)
+  if engine.prior_cache is not None:
+    jobs = engine.prior_cache.attach(engine, planner, jobs)
   for (part, arrays, info), out in engine.run_stacked("local", jobs):
     engine.tokens["real"] += info.real_tokens
     node_passage, node_mask = arrays["node_passage"], arrays["node_mask"]
