@@ -159,3 +159,19 @@ def test_bad_cache_size_is_a_config_error(tokenizer, demo_case):
   params, cfg = demo_case[:2]
   with pytest.raises(ConfigError, match="prior_cache_segments"):
     inference.Reranker(params, cfg, tokenizer, packing=PACKING, prior_cache_segments=-1)
+
+
+def test_precompile_covers_the_prior_calls(records, tokenizer, demo_case):
+  """`precompile` compiles the prior's calls and the local calls that carry `prior_pooled`:
+  scoring afterwards compiles nothing (a server's warm-up covers live traffic)."""
+  params, cfg = demo_case[:2]
+  # One row bucket that holds every passage of these records (a passage larger than every
+  # bucket gets a grown shape, which no warm-up can list).
+  one = PackingConfig(row_len=128, max_query_tokens=24, row_buckets=(32,), span_buckets=(512,),
+                      node_buckets=(64, 128))
+  rr = inference.Reranker(params, cfg, tokenizer, packing=one, queries_per_batch=2,
+                          host_workers=0, prior_cache_segments=1000)
+  compiled = rr.precompile()["xla_compilations"]
+  rr.score([parse_inference_record(r, str(i)) for i, r in enumerate(records)])
+  assert rr.engine.prior_cache.stats["prior_calls"] > 1
+  assert rr.compile_stats()["xla_compilations"] == compiled

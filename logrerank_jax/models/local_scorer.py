@@ -42,7 +42,10 @@ the passage opens with its own [CLS]): the bi-encoder that an encoder like all-M
 trained as. `"joint"` takes them from the joint sequence (h_q, h_s) instead, which costs nothing
 but loses most of the bi-encoder's ranking (docs/DEMO.md). A head MLP on [h_q; h_s; g] cannot represent a cosine; with the prior,
 training starts from the bi-encoder's ranking instead of from a random one. It reaches the graph
-through z_local, so inference needs nothing new; "split" doubles the encoder's work.
+through z_local, so inference needs nothing new. "split" doubles the encoder's work in
+training; at inference the engine runs that pass once per distinct query and passage window
+(`serving.prior_cache`: the pass depends on neither the pair nor the other segments) and hands
+the pooled spans in as `prior_pooled`.
 
 Ablations (flags of `LocalScorerConfig`):
   * `use_role_head=False` ("w/o role head"): the role MLP does not exist (no params); r is the

@@ -31,9 +31,9 @@ import numpy as np
 
 from logrerank_jax.schema import SPAN_SENTENCE
 
-# Segments kept per engine: 65,536 segments of ~5 pooled spans of d = 384 float32 is ~500 MB at
+# Segments kept per engine: 16,384 segments of ~5 pooled spans of d = 768 float32 is ~250 MB at
 # worst; evaluation sets hold a few thousand distinct segments.
-DEFAULT_MAX_SEGMENTS = 65536
+DEFAULT_MAX_SEGMENTS = 16384
 
 
 def uses_split_prior(local_cfg) -> bool:
@@ -147,20 +147,29 @@ class PriorCache:
       calls.append(cur)
     return calls
 
+  @staticmethod
+  def shapes(planner) -> List[Tuple[int, int]]:
+    """(rows, spans) of every prior call: power-of-two row counts up to the largest row bucket
+    (a handful of shapes to compile; only the last call of a group is partial), each with its
+    row bucket's span table (`Planner.rung`)."""
+    max_rows = planner.packing.row_buckets[-1]
+    rows = [1 << i for i in range(max_rows.bit_length()) if (1 << i) < max_rows] + [max_rows]
+    return [(r, planner.rung(r)[0]) for r in rows]
+
+  @staticmethod
+  def example(planner, rows: int, spans: int) -> dict:
+    """Empty arrays of one prior call of this shape (what `Reranker.precompile` compiles)."""
+    return pack_units([], planner.packing.row_len, rows, spans)[0]
+
   def _encode(self, engine, planner, units: List[Unit]) -> None:
     """Encode `units` (distinct, not cached) and cache their pooled spans."""
-    pk = planner.packing
-    row_len, max_rows = pk.row_len, pk.row_buckets[-1]
-    # Power-of-two row counts: a handful of shapes to compile (the last call of a group is
-    # the only partial one).
-    row_shapes = tuple(1 << i for i in range(max_rows.bit_length()) if (1 << i) < max_rows)
-    row_shapes += (max_rows,)
-    span_budget = planner.rung(max_rows)[0] - 1
+    row_len = planner.packing.row_len
+    shapes = self.shapes(planner)
+    max_rows, span_budget = shapes[-1][0], shapes[-1][1] - 1
     jobs = []
     for call in self._plan(units, row_len, max_rows, span_budget):
-      for rows in row_shapes:
-        arrays, offsets = _try_pack(call, row_len, rows,
-                                    planner.rung(rows)[0])
+      for rows, spans in shapes:
+        arrays, offsets = _try_pack(call, row_len, rows, spans)
         if arrays is not None:
           break
       else:  # the plan's margin did not hold: halve the call

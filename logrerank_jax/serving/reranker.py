@@ -21,6 +21,8 @@ chunks on Grain threads ahead of the devices. The HTTP server (`serving.app`, th
 import dataclasses
 from typing import Any, Iterable, List, Mapping, Optional, Sequence, Union
 
+import numpy as np
+
 from logrerank_jax.data.inference_input import (InferenceRecord, InputLine,
                                                 parse_inference_record)
 from logrerank_jax.data.packing import PackingConfig
@@ -192,8 +194,16 @@ class Reranker:
     Returns:
       `compile_stats()` after compiling.
     """
+    prior = self.engine.prior_cache
+    d = self.cfg.local_scorer_config.encoder.hidden_size
     for shape in self.planner.local_shapes():
-      self.engine.compile_shape("local", self.planner.local_example(*shape))
+      example = self.planner.local_example(*shape)
+      if prior is not None:  # local calls then carry the prior's pooled spans
+        example["prior_pooled"] = np.zeros((shape[1], d), np.float32)
+      self.engine.compile_shape("local", example)
+    if prior is not None:
+      for rows, spans in prior.shapes(self.planner):
+        self.engine.compile_shape("prior", prior.example(self.planner, rows, spans))
     for n in self.packing.node_buckets:
       self.engine.compile_shape("global", self.planner.global_example(n))
     return self.compile_stats()
