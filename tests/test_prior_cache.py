@@ -105,7 +105,7 @@ def test_cached_prior_equals_the_in_graph_pass(records, tokenizer, demo_case, fa
 
   # Each distinct segment was encoded once: every sequence's two segments counted, the
   # distinct ones (by their tokens) encoded.
-  stats = dict(cached.engine.prior_cache.stats)
+  stats = cached.stats()["prior"]
   jobs = cached.planner.local_jobs(recs)
   keys = [u.key for arrays, _ in jobs for u in call_units(arrays, passage_cls)]
   assert stats["segments"] == len(keys) and stats["encoded"] == len(set(keys)) < len(keys)

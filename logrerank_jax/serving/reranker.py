@@ -154,12 +154,17 @@ class Reranker:
   def stats(self) -> dict:
     """Compilation counters plus local-stage padding: `real_tokens` (tokens of the packed
     sequences), `computed_tokens` (rows x row_len of every real local call), their ratio
-    `padding_efficiency`, and `inert_tokens` of the inert calls that pad a device stack."""
+    `padding_efficiency`, and `inert_tokens` of the inert calls that pad a device stack. A
+    split-prior model adds `prior`: segments its local calls held, how many of them were
+    encoded (the distinct ones not cached), the prior's calls and their computed tokens."""
     t = self.engine.tokens
-    return dict(self.compile_stats(), devices=self.num_devices, real_tokens=t["real"],
-                computed_tokens=t["computed"], inert_tokens=t["inert"],
-                local_calls=t["local_calls"], inert_calls=t["inert_calls"],
-                padding_efficiency=t["real"] / t["computed"] if t["computed"] else None)
+    out = dict(self.compile_stats(), devices=self.num_devices, real_tokens=t["real"],
+               computed_tokens=t["computed"], inert_tokens=t["inert"],
+               local_calls=t["local_calls"], inert_calls=t["inert_calls"],
+               padding_efficiency=t["real"] / t["computed"] if t["computed"] else None)
+    if self.engine.prior_cache is not None:
+      out["prior"] = dict(self.engine.prior_cache.stats)
+    return out
 
   def padding_plan(self, records: Iterable[Any]) -> dict:
     """Host work only: plan and pack the local calls of `records` exactly as `rerank_records`
