@@ -29,6 +29,7 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
+from logrerank_jax.errors import DataError
 from logrerank_jax.schema import SPAN_SENTENCE
 
 # Segments kept per engine: 16,384 segments of ~5 pooled spans of d = 768 float32 is ~250 MB at
@@ -173,6 +174,9 @@ class PriorCache:
         if arrays is not None:
           break
       else:  # the plan's margin did not hold: halve the call
+        if len(call) == 1:  # cannot happen for units cut from rows of this row length
+          raise DataError(f"a prior segment of {len(call[0].ids)} tokens and "
+                          f"{len(call[0].call_spans)} spans fits no prior call")
         half = len(call) // 2
         self._encode(engine, planner, call[:half])
         self._encode(engine, planner, call[half:])
