@@ -87,9 +87,12 @@ def call_units(arrays: Dict[str, np.ndarray], passage_cls: bool) -> List[Unit]:
   return units
 
 
-def pack_units(units: List[Unit], row_len: int, rows: int, spans: int) -> dict:
+def pack_units(units: List[Unit], row_len: int, rows: int, spans: int):
   """Rows of the split layout holding `units` (first-fit decreasing), [rows, row_len], and a
-  span table of `spans`; returns the arrays and each unit's span offset."""
+  span table of `spans`: (the model arrays, each unit's first span), or (None, None) when the
+  units do not fit that many rows and spans."""
+  if sum(len(u.call_spans) for u in units) + 1 > spans:
+    return None, None
   ids = np.zeros((rows, row_len), np.int32)
   seg = np.zeros((rows, row_len), np.int32)
   pos = np.zeros((rows, row_len), np.int32)
@@ -101,7 +104,10 @@ def pack_units(units: List[Unit], row_len: int, rows: int, spans: int) -> dict:
   for i in sorted(range(len(units)), key=lambda j: -len(units[j].ids)):
     u = units[i]
     n = len(u.ids)
-    r = int(np.argmax(free >= n))
+    fits = free >= n
+    if not fits.any():
+      return None, None
+    r = int(np.argmax(fits))
     start = row_len - int(free[r])
     count[r] += 1
     ids[r, start:start + n] = u.ids
@@ -170,7 +176,7 @@ class PriorCache:
     jobs = []
     for call in self._plan(units, row_len, max_rows, span_budget):
       for rows, spans in shapes:
-        arrays, offsets = _try_pack(call, row_len, rows, spans)
+        arrays, offsets = pack_units(call, row_len, rows, spans)
         if arrays is not None:
           break
       else:  # the plan's margin did not hold: halve the call
@@ -214,18 +220,4 @@ class PriorCache:
     while len(self._pooled) > self.max_segments:  # after use: these jobs needed every entry
       self._pooled.popitem(last=False)
     return out
-
-
-def _try_pack(units: List[Unit], row_len: int, rows: int, spans: int):
-  """`pack_units` when the units fit `rows` rows and `spans` spans (first-fit decreasing), else
-  (None, None)."""
-  if sum(len(u.call_spans) for u in units) + 1 > spans:
-    return None, None
-  free = np.full(rows, row_len, np.int64)
-  for n in sorted((len(u.ids) for u in units), reverse=True):
-    fits = free >= n
-    if not fits.any():
-      return None, None
-    free[int(np.argmax(fits))] -= n
-  return pack_units(units, row_len, rows, spans)
 
