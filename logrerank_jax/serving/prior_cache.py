@@ -220,4 +220,3 @@ class PriorCache:
     while len(self._pooled) > self.max_segments:  # after use: these jobs needed every entry
       self._pooled.popitem(last=False)
     return out
-
