@@ -12,7 +12,9 @@ Compilation count.  `compile_stats()["xla_compilations"]` counts the
 `/jax/core/compile/backend_compile_duration` events (`jax.monitoring`) fired while this engine
 compiles: one per XLA executable built, including ones loaded from the persistent compilation
 cache (`persistent_cache_hits` counts those separately). `jit_cache_entries` is the number of
-distinct (stage, shapes) executables.
+distinct (stage, shapes) executables. Engines of one config on one device set share their jitted
+stages (`stage_jits`), so an executable another such engine built is reused, not compiled or
+counted again.
 
 Not thread-safe: one thread drives an engine (the caller of `Reranker.score`, or the serving
 batcher's engine thread).
@@ -95,6 +97,23 @@ def stacked(fn, mesh):
                  in_shardings=(NamedSharding(mesh, PartitionSpec()), data), out_shardings=data)
 
 
+@functools.lru_cache(maxsize=16)
+def stage_jits(cfg: lr.LoGConfig, devices: tuple) -> dict:
+  """The jitted stages of one config on one device set, shared by every engine built for them.
+
+  Params are an argument of each call, never a constant, so two engines of one config (a model
+  loaded again, a second `Reranker`, the validation engines of a training run) run the same
+  programs: sharing the jitted functions lets JAX's own trace, lowering and compilation caches
+  serve the second engine's (stage, shapes) without compiling them again (its
+  `compile_stats()["xla_compilations"]` stays 0). Bounded: the 16 latest (config, devices).
+  """
+  from jax.sharding import Mesh  # pylint: disable=g-import-not-at-top
+  mesh = Mesh(np.asarray(devices, dtype=object), ("data",))
+  return {"local": stacked(functools.partial(local_forward, cfg=cfg), mesh),
+          "global": stacked(functools.partial(global_forward, cfg=cfg), mesh),
+          "prior": stacked(functools.partial(prior_forward, cfg=cfg), mesh)}
+
+
 def inert_like(arrays: dict) -> dict:
   """An inert call of the same shapes (nothing attended, no spans, no nodes): pads a device
   stack; its outputs are dropped."""
@@ -141,9 +160,7 @@ class Engine:
     self._data_sharding = NamedSharding(self.mesh, PartitionSpec("data"))
     # Params live on the devices once (replicated); host arrays would be copied on every call.
     self.params = jax.device_put(params, NamedSharding(self.mesh, PartitionSpec()))
-    self._jits = {"local": stacked(functools.partial(local_forward, cfg=cfg), self.mesh),
-                  "global": stacked(functools.partial(global_forward, cfg=cfg), self.mesh),
-                  "prior": stacked(functools.partial(prior_forward, cfg=cfg), self.mesh)}
+    self._jits = stage_jits(cfg, tuple(self.devices))
     # The split dense prior's pass runs once per distinct segment, outside the local forward
     # (`serving.prior_cache`); None for a model without one, or when turned off.
     self.prior_cache = (PriorCache(prior_cache_segments)
