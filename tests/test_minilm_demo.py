@@ -160,11 +160,15 @@ def test_split_prior_at_step_zero_is_the_zero_shot_bi_encoder(minilm_path, scifa
   want = bi.embed([" ".join(p) for p in passages]) @ q_emb  # [P]
   node_passage = np.asarray(batch.node_passage)[0]
   node_span = np.asarray(batch.node_span)[0]
+  # The passage layout changes the forward, not the params: one init (of a MiniLM-sized model,
+  # the costliest compilation here) serves both layouts.
+  params = None
   for passage_cls in (True, False):
     cfg = LocalScorerConfig(encoder=bi.cfg, dense_prior=2.0, dense_prior_pooling="passage",
                             local_head_zero_init=True, dense_prior_passage_cls=passage_cls)
-    params = jax.jit(LocalScorer(cfg).init)(jax.random.PRNGKey(0), *args)["params"]
-    params = {**params, "encoder": bi.params}
+    if params is None:
+      params = jax.jit(LocalScorer(cfg).init)(jax.random.PRNGKey(0), *args)["params"]
+      params = {**params, "encoder": bi.params}
     logit = np.asarray(jax.jit(LocalScorer(cfg).apply)({"params": params}, *args)["local_logit"])
     per_passage = [logit[node_span[node_passage == p]] / 2.0 for p in range(len(passages))]
     assert all(len(c) >= 2 and np.ptp(c) < 1e-6 for c in per_passage)  # one cosine per passage
