@@ -139,7 +139,9 @@ def test_second_pass_compiles_nothing(reranker, pools, outputs):
   # a lone query (32-row bucket).
   first = outputs
   after_first = rr.compile_stats()
-  assert after_first["xla_compilations"] >= 1
+  # Pass 1 built executables (or reused those of another engine of this model and shapes,
+  # `engine.stage_jits`, when one ran before in this process).
+  assert after_first["jit_cache_entries"] >= 1
   # Pass 2: other pairings, fewer passages, a shorter query: different sizes, same buckets.
   second_input = [pools[4], dict(pools[1], ctxs=pools[1]["ctxs"][:2]),
                   dict(pools[2], input=pools[2]["input"][:40]), pools[0]]

@@ -44,6 +44,27 @@ def test_pipelined_outputs_equal_serial(setup):
     check_output(out, rec)
 
 
+def test_second_reranker_of_a_model_compiles_nothing(setup):
+  """Engines of one config on one device set share their jitted stages (`engine.stage_jits`):
+  a model loaded again runs the first one's executables, with the same outputs; other shapes
+  still compile."""
+  model, records = setup
+  first = _reranker(model, 0)
+  want = first.rerank_records(records)
+  assert first.compile_stats()["jit_cache_entries"] >= 2  # local and global shapes
+  again = _reranker(model, 0)
+  assert json.dumps(again.rerank_records(records), sort_keys=True) == json.dumps(want,
+                                                                                 sort_keys=True)
+  stats = again.compile_stats()
+  assert stats["xla_compilations"] == 0, stats
+  assert stats["jit_cache_entries"] == first.compile_stats()["jit_cache_entries"]
+  # A row bucket no engine of this model used before: compiled, and counted.
+  other = inference.Reranker.from_pretrained(model, row_len=256, row_buckets=(6,),
+                                             queries_per_batch=2, host_workers=0)
+  other.rerank_records(records[:1])
+  assert other.compile_stats()["xla_compilations"] >= 1
+
+
 def _failing_on(rr, bad):
   """Make `rr`'s host work fail for any chunk holding record `bad` (a worker-side error)."""
   real = rr._local_jobs
