@@ -72,3 +72,30 @@ def test_public_face():
     assert name in logrerank_jax.__all__ and hasattr(logrerank_jax, name), name
   assert logrerank_jax.Reranker.from_dir.__func__ is logrerank_jax.Reranker.from_pretrained.__func__
   assert "Reranker.from_pretrained" in logrerank_jax.__doc__
+  # Every public name is what its module defines (the package resolves them on first use).
+  from logrerank_jax import errors, inference, models, results  # noqa: F401
+  from logrerank_jax.models import log_reranker, model_folder
+  homes = {"Reranker": inference, "LoGConfig": log_reranker, "LoGReranker": log_reranker,
+           "ablation": log_reranker, "load_model": model_folder, "save_model": model_folder,
+           "LogRerankError": errors, "DataError": errors, "ConfigError": errors,
+           "CheckpointError": errors, "RankedResults": results, "RankedPassage": results,
+           "RankedSentence": results, "RerankResult": results}
+  assert set(homes) | {"__version__"} == set(logrerank_jax.__all__)
+  for name, module in homes.items():
+    assert getattr(logrerank_jax, name) is getattr(module, name), name
+  assert set(logrerank_jax.__all__) <= set(dir(logrerank_jax))
+  with pytest.raises(AttributeError, match="no attribute 'Rerankr'"):
+    logrerank_jax.Rerankr  # pylint: disable=pointless-statement
+
+
+def test_light_modules_do_not_import_jax():
+  """The package, its error types, the record readers and the training-config checks load without
+  JAX (the public names resolve on first use), so a tool names bad input or a bad config before
+  paying for JAX, Flax and Orbax; the first public model name brings them in."""
+  code = ("import sys, logrerank_jax, logrerank_jax.errors, logrerank_jax.data.records, "
+          "logrerank_jax.training.config_checks\n"
+          "assert 'jax' not in sys.modules, 'jax imported'\n"
+          "logrerank_jax.Reranker\n"
+          "assert 'jax' in sys.modules\n")
+  proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 0, proc.stderr[-2000:]

@@ -35,9 +35,9 @@ from logrerank_jax.models.model_folder import load_model, save_model
 from logrerank_jax.ranking import passage_order, passage_scores, run_file_passage_scores
 from logrerank_jax.schema import NUM_ROLES
 from logrerank_jax.training import data as data_lib
+from logrerank_jax.training.config_checks import check_stage_settings
 from logrerank_jax.training import feature_cache as fc
 
-STAGES = ("local", "global", "passage")
 
 
 # ----------------------------------------------------------------------------- model config
@@ -492,13 +492,8 @@ class GlobalStage:
   name = "global"
 
   def __init__(self, config, workdir: str, records):
-    if not config.local_checkpoint:
-      raise ConfigError("the global stage needs --config.local_checkpoint=DIR (the local stage's "
-                        "workdir, which holds model/)")
+    check_stage_settings(config)  # a local_checkpoint that holds model/
     model_dir = os.path.join(config.local_checkpoint, "model")
-    if not os.path.isdir(model_dir):
-      raise ConfigError(f"config.local_checkpoint={config.local_checkpoint} has no model/ folder; "
-                        "pass the workdir of a finished local-stage run")
     local_params, local_cfg, self.tokenizer = load_model(model_dir)
     cfg = build_model_config(config, len(self.tokenizer))
     # The frozen local model decides the encoder, its width (the GAT's input) and the local
@@ -846,7 +841,6 @@ def encoder_family(cfg) -> str:
 
 def make_stage(config, workdir: str, records):
   """Choose the stage once from `config.stage`: `LocalStage`, `GlobalStage` or `PassageStage`."""
-  if config.stage not in STAGES:
-    raise ConfigError(f"config.stage must be one of {STAGES}, got {config.stage!r}")
+  check_stage_settings(config)
   return {"local": LocalStage, "global": GlobalStage,
           "passage": PassageStage}[config.stage](config, workdir, records)

@@ -33,6 +33,7 @@ from logrerank_jax.training import optim
 from logrerank_jax.training import step as step_lib
 from logrerank_jax.training.checkpoints import Checkpointer
 from logrerank_jax.training.metric_log import MetricLog
+from logrerank_jax.training.config_checks import check_stage_settings
 from logrerank_jax.training.stages import make_stage
 
 
@@ -228,6 +229,7 @@ def train_and_evaluate(config, workdir: str) -> Dict[str, Any]:
     Summary dict: final step, last training loss, last validation metrics, model folder.
   """
   from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+  check_stage_settings(config)  # before any data is read
   _check_workdir_writable(workdir)
   devices, proc, nproc = _topology(config)
   num_shards = len(devices) * nproc
