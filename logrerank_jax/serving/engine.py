@@ -98,6 +98,14 @@ def stacked(fn, mesh):
 
 
 @functools.lru_cache(maxsize=16)
+def data_mesh(devices: tuple):
+  """The one-axis ("data") mesh over `devices`: one object per device set, which an engine and
+  the stages it shares (`stage_jits`) both use."""
+  from jax.sharding import Mesh  # pylint: disable=g-import-not-at-top
+  return Mesh(np.asarray(devices, dtype=object), ("data",))
+
+
+@functools.lru_cache(maxsize=16)
 def stage_jits(cfg: lr.LoGConfig, devices: tuple) -> dict:
   """The jitted stages of one config on one device set, shared by every engine built for them.
 
@@ -107,8 +115,7 @@ def stage_jits(cfg: lr.LoGConfig, devices: tuple) -> dict:
   serve the second engine's (stage, shapes) without compiling them again (its
   `compile_stats()["xla_compilations"]` stays 0). Bounded: the 16 latest (config, devices).
   """
-  from jax.sharding import Mesh  # pylint: disable=g-import-not-at-top
-  mesh = Mesh(np.asarray(devices, dtype=object), ("data",))
+  mesh = data_mesh(devices)
   return {"local": stacked(functools.partial(local_forward, cfg=cfg), mesh),
           "global": stacked(functools.partial(global_forward, cfg=cfg), mesh),
           "prior": stacked(functools.partial(prior_forward, cfg=cfg), mesh)}
@@ -149,14 +156,14 @@ class Engine:
       prior_cache_segments: for a split dense prior, the distinct segments whose prior pass
         is kept (`serving.prior_cache`); 0 runs the pass inside every local call instead.
     """
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
+    from jax.sharding import NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
     if cfg.use_global and "global" not in params:
       raise CheckpointError("params have no 'global' tree but the config has use_global=True")
     check_param_shapes(params, cfg)
     self.cfg = cfg
     self.devices = list(devices) if devices else list(jax.local_devices())
     self.num_devices = len(self.devices)
-    self.mesh = Mesh(np.asarray(self.devices, dtype=object), ("data",))
+    self.mesh = data_mesh(tuple(self.devices))
     self._data_sharding = NamedSharding(self.mesh, PartitionSpec("data"))
     # Params live on the devices once (replicated); host arrays would be copied on every call.
     self.params = jax.device_put(params, NamedSharding(self.mesh, PartitionSpec()))
