@@ -181,7 +181,7 @@ def set_threads(n: int) -> int:
   allowed = sorted(os.sched_getaffinity(0))
   n = n or len(allowed)
   if n > len(allowed):
-    raise SystemExit(f"threads={n} but only {len(allowed)} CPUs are allowed to this process")
+    raise SystemExit(f"--threads {n} but only {len(allowed)} CPUs are allowed to this process")
   os.sched_setaffinity(0, allowed[:n])
   for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[var] = str(n)

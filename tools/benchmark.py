@@ -74,18 +74,6 @@ def parse_args(argv=None):
   return p.parse_args(argv)
 
 
-def set_threads(n: int) -> int:
-  """Bound XLA's and torch's CPU threads to n (call before importing jax/torch); return n."""
-  allowed = sorted(os.sched_getaffinity(0))
-  n = n or len(allowed)
-  if n > len(allowed):
-    raise SystemExit(f"--threads {n} but only {len(allowed)} CPUs are allowed to this process")
-  os.sched_setaffinity(0, allowed[:n])  # XLA sizes its CPU pool from the schedulable CPUs
-  for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ[var] = str(n)
-  return n
-
-
 def encoder_child(suite: str, args, threads: int) -> dict:
   """Run one `benchmarks.encoder` suite in a child process and return its JSON entry."""
   import json  # pylint: disable=g-import-not-at-top
@@ -112,12 +100,13 @@ def main(argv=None):
   unknown = [s for s in suites if s not in SUITES + EXTRA_SUITES]
   if unknown:
     raise SystemExit(f"unknown suite(s) {unknown}; known: {SUITES + EXTRA_SUITES}")
-  threads = set_threads(args.threads)
+  sys.path.insert(0, str(REPO))
+  from benchmarks.protocol import set_threads  # pylint: disable=g-import-not-at-top
+  threads = set_threads(args.threads)  # before torch and JAX start
   import torch  # pylint: disable=g-import-not-at-top
   torch.set_num_threads(threads)
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  sys.path.insert(0, str(REPO))
   from benchmarks import suites as bm  # pylint: disable=g-import-not-at-top
 
   start = time.perf_counter()
