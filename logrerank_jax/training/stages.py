@@ -35,9 +35,8 @@ from logrerank_jax.models.model_folder import load_model, save_model
 from logrerank_jax.ranking import passage_order, passage_scores, run_file_passage_scores
 from logrerank_jax.schema import NUM_ROLES
 from logrerank_jax.training import data as data_lib
-from logrerank_jax.training.config_checks import check_stage_settings
 from logrerank_jax.training import feature_cache as fc
-
+from logrerank_jax.training.config_checks import check_stage_settings
 
 
 # ----------------------------------------------------------------------------- model config
@@ -492,7 +491,7 @@ class GlobalStage:
   name = "global"
 
   def __init__(self, config, workdir: str, records):
-    check_stage_settings(config)  # a local_checkpoint that holds model/
+    # make_stage has checked that local_checkpoint holds model/ (check_stage_settings).
     model_dir = os.path.join(config.local_checkpoint, "model")
     local_params, local_cfg, self.tokenizer = load_model(model_dir)
     cfg = build_model_config(config, len(self.tokenizer))

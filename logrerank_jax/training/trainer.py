@@ -32,8 +32,8 @@ from logrerank_jax.training import data as data_lib
 from logrerank_jax.training import optim
 from logrerank_jax.training import step as step_lib
 from logrerank_jax.training.checkpoints import Checkpointer
-from logrerank_jax.training.metric_log import MetricLog
 from logrerank_jax.training.config_checks import check_stage_settings
+from logrerank_jax.training.metric_log import MetricLog
 from logrerank_jax.training.stages import make_stage
 
 
