@@ -20,8 +20,14 @@ for a tiny LoG's jitted init) and XLA CPU's older fusion code generator
 (`--xla_cpu_use_fusion_emitters=false`; with the cache change below, an eager tiny-LoG init went
 from 29.6 s to 14.7 s). Both change how XLA generates machine code, not the program: without
 fast-math neither may reassociate floating-point, and every tolerance here is a bound on rounding
-anyway. The flag is checked once in a throw-away process, because XLA aborts on a flag it does
-not know.
+anyway. XLA CPU also splits each program's LLVM module into 32 parts to generate code on several
+threads (`--xla_cpu_parallel_codegen_split_count`); here three workers and their subprocesses
+already fill both cores, so the split is only overhead: one part per program
+(`--xla_cpu_parallel_codegen_split_count=1`, the same kernels in one module) took four
+compilation-heavy files (graph reranker, LoG pipeline, ablations, losses; 106 tests, serial, a
+fresh cache each run) from 57.5 to 51.8 CPU-s, the means of 7 and 6 runs on 2 quiet cores (ranges
+54.2-61.9 and 49.7-54.4). The flags are checked once in a throw-away process, because XLA aborts
+on a flag it does not know.
 
 The processes the tests start write every program to the cache; the test processes themselves
 write only their large programs (see the note below).
@@ -55,22 +61,27 @@ def _test_run_compilation_cache() -> None:
   })
 
 
-_FAST_FLAG = "--xla_cpu_use_fusion_emitters=false"
+_FAST_FLAGS = ("--xla_cpu_use_fusion_emitters=false", "--xla_cpu_parallel_codegen_split_count=1")
 _FAST_CHECKED = "LOGRERANK_TEST_FAST_COMPILE_CHECKED"
 
 
 def _fast_compilation() -> None:
-  """-O0 and XLA CPU's older fusion code generator, for this process and every process it starts,
-  unless the caller chose the optimisation level (`.ci/run`'s AVX2 rerun does)."""
+  """-O0, XLA CPU's older fusion code generator and one LLVM module per program, for this process
+  and every process it starts, unless the caller chose the optimisation level (`.ci/run`'s AVX2
+  rerun does)."""
   if "JAX_DISABLE_MOST_OPTIMIZATIONS" in os.environ:
     return
   os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "1"
   flags = os.environ.get("XLA_FLAGS", "")
-  if "xla_cpu_use_fusion_emitters" in flags or os.environ.get(_FAST_CHECKED):
+  if os.environ.get(_FAST_CHECKED):
+    return
+  # The caller's own setting of either flag wins.
+  mine = [f for f in _FAST_FLAGS if f.split("=")[0] not in flags]
+  if not mine:
     return
   # XLA aborts the process on an unknown flag: check once, in a throw-away process, that this
-  # jaxlib still has it (xdist workers inherit the result through the environment).
-  fast = f"{flags} {_FAST_FLAG}".strip()
+  # jaxlib still has them (xdist workers inherit the result through the environment).
+  fast = " ".join([flags, *mine]).strip()
   probe = subprocess.run(
       [sys.executable, "-c", "import jax.numpy as j; j.zeros(1).block_until_ready()"],
       env=dict(os.environ, XLA_FLAGS=fast, JAX_PLATFORMS="cpu"), capture_output=True,
