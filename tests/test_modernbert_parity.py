@@ -12,6 +12,7 @@ weights: 4.0 in the bf16 test) ~ 9.5e-6. Measured max abs with the default, AVX2
 CPU kernels: <= 2.3e-6 (hidden states), <= 1.5e-6 (logits).
 """
 
+import functools
 import logging
 
 import jax
@@ -360,6 +361,30 @@ def _tiled_layouts():
           ("unordered", seg_w, pos_w, False)]
 
 
+# The segment and position ids go into the jitted functions below as arguments, as the model passes
+# them (not as constants XLA could fold): the layout check then runs at run time, as in the model,
+# and the three layouts ([3, L] int32 each) share one compiled program per window and heads per
+# tile (lru_cache keeps the jitted functions for the file's run).
+def _attention(kind, window):
+  if kind == "tiled":
+    return lambda q, k, v, seg, pos: mb.tiled_attention(q, k, v, seg, pos, window)
+  return lambda q, k, v, seg, pos: mb.reference_attention(q, k, v, seg, pos, window, lambda p: p)
+
+
+@functools.lru_cache(maxsize=None)
+def _attention_jit(kind, window):
+  return jax.jit(_attention(kind, window))
+
+
+@functools.lru_cache(maxsize=None)
+def _attention_vjp_jit(kind, window, heads_per_tile=None):
+  """jit of (output, vjp(dout)) of one attention function; heads_per_tile only keys the cache (the
+  tiled kernel reads it, monkeypatched, when this is traced)."""
+  f = _attention(kind, window)
+  return jax.jit(lambda q, k, v, seg, pos, dout: (lambda out, vjp: (out, vjp(dout)))(
+      *jax.vjp(lambda q, k, v: f(q, k, v, seg, pos), q, k, v)))
+
+
 @pytest.mark.parametrize("local_attention", [None, 8, 6, 128], ids=["global", "win8", "win6-ragged",
                                                                     "win128>L"])
 @pytest.mark.parametrize("layout", [0, 1, 2], ids=["packed", "padded", "unordered"])
@@ -369,9 +394,8 @@ def test_tiled_attention_equals_reference(layout, local_attention):
   q, k, v = _random_qkv(seg.shape[0], seed=16)
   seg, pos = jnp.asarray(seg), jnp.asarray(pos)
   assert bool(mb.positions_follow_tokens(seg, pos)) == follows, name
-  ref = np.asarray(jax.jit(lambda *a: mb.reference_attention(*a, window, lambda p: p))(
-      q, k, v, seg, pos))
-  got = np.asarray(jax.jit(lambda *a: mb.tiled_attention(*a, window))(q, k, v, seg, pos))
+  ref = np.asarray(_attention_jit("reference", window)(q, k, v, seg, pos))
+  got = np.asarray(_attention_jit("tiled", window)(q, k, v, seg, pos))
   valid = np.asarray(seg) > 0
   assert np.isfinite(got).all()
   err = np.abs(got[valid] - ref[valid]).max()
@@ -387,6 +411,26 @@ def test_tiled_attention_equals_reference(layout, local_attention):
 ATOL_TILED_GRAD = 1e-5
 
 
+def _vjp_inputs(layout, local_attention):
+  """One gradient case: layout name, (q, k, v, segment ids, position ids, output cotangent, zero
+  at padding queries), window, and the real-token mask."""
+  name, seg, pos, _ = _tiled_layouts()[layout]
+  window = None if local_attention is None else local_attention // 2
+  q, k, v = _random_qkv(seg.shape[0], seed=19)
+  real = jnp.asarray(seg > 0)
+  dout = jax.random.normal(jax.random.PRNGKey(20), q.shape) * real[..., None, None]
+  return name, (q, k, v, jnp.asarray(seg), jnp.asarray(pos), dout), window, np.asarray(real)
+
+
+@functools.lru_cache(maxsize=None)
+def _reference_vjp(layout, local_attention):
+  """Autodiff of the reference attention for one (layout, window): the same for every heads-per-
+  tile case below (the reference has no tiles), so computed once per file run, not three times."""
+  _, args, window, _ = _vjp_inputs(layout, local_attention)
+  out, grads = _attention_vjp_jit("reference", window)(*args)
+  return np.asarray(out), tuple(np.asarray(g) for g in grads)
+
+
 @pytest.mark.parametrize("heads_per_tile", [1, 2, 4], ids=["1head", "2heads", "4heads"])
 @pytest.mark.parametrize("local_attention", [None, 8, 6, 128], ids=["global", "win8", "win6-ragged",
                                                                     "win128>L"])
@@ -395,19 +439,9 @@ def test_tiled_attention_gradients_equal_reference(layout, local_attention, head
                                                    monkeypatch):
   from logrerank_jax.models import tiled_attention as ta  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(ta, "_heads_per_tile", lambda heads, elems: heads_per_tile)
-  name, seg, pos, _ = _tiled_layouts()[layout]
-  window = None if local_attention is None else local_attention // 2
-  q, k, v = _random_qkv(seg.shape[0], seed=19)
-  real = jnp.asarray(seg > 0)
-  dout = jax.random.normal(jax.random.PRNGKey(20), q.shape) * real[..., None, None]
-  seg, pos = jnp.asarray(seg), jnp.asarray(pos)
-  tiled = lambda q, k, v: mb.tiled_attention(q, k, v, seg, pos, window)
-  ref = lambda q, k, v: mb.reference_attention(q, k, v, seg, pos, window, lambda p: p)
-  vjp_of = lambda f: jax.jit(lambda q, k, v: (lambda out, vjp: (out, vjp(dout)))(
-      *jax.vjp(f, q, k, v)))
-  out, grads = vjp_of(tiled)(q, k, v)
-  out_ref, grads_ref = vjp_of(ref)(q, k, v)
-  valid = np.asarray(real)
+  name, args, window, valid = _vjp_inputs(layout, local_attention)
+  out, grads = _attention_vjp_jit("tiled", window, heads_per_tile)(*args)
+  out_ref, grads_ref = _reference_vjp(layout, local_attention)
   err = np.abs(np.asarray(out)[valid] - np.asarray(out_ref)[valid]).max()
   assert err <= ATOL_TILED_KERNEL, f"{name} window={window}: forward {err:.2e}"
   for wrt, g, g_ref in zip("qkv", grads, grads_ref):
