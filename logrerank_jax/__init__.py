@@ -11,6 +11,7 @@ What users import:
   RankedResults     `rank`'s answer: RankedPassage entries, best first, plus context units
   LoGConfig         the model configuration (`LoGConfig.paper()`, `.tiny()`, `ablation(...)`)
   LoGReranker       the Flax model (entry points `local_nodes`, `global_logits`, `__call__`)
+  ModernBertConfig, ModernBertEncoder, BertConfig, BertEncoder   the encoder families
   save_model / load_model   the model folder (params, config, tokenizer)
   LogRerankError and its kinds DataError, ConfigError, CheckpointError
 
@@ -31,7 +32,11 @@ _os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 _LAZY = {
     "CheckpointError": "logrerank_jax.errors", "ConfigError": "logrerank_jax.errors",
     "DataError": "logrerank_jax.errors", "LogRerankError": "logrerank_jax.errors",
-    "Reranker": "logrerank_jax.inference",
+    "Reranker": "logrerank_jax.engine.reranker",
+    "BertConfig": "logrerank_jax.models.encoders.bert",
+    "BertEncoder": "logrerank_jax.models.encoders.bert",
+    "ModernBertConfig": "logrerank_jax.models.encoders.modernbert",
+    "ModernBertEncoder": "logrerank_jax.models.encoders.modernbert",
     "LoGConfig": "logrerank_jax.models.log_reranker",
     "LoGReranker": "logrerank_jax.models.log_reranker",
     "ablation": "logrerank_jax.models.log_reranker",

@@ -1,7 +1,7 @@
 """Passage-level baselines for `tools/evaluate.py`: BM25, a bi-encoder and a passage cross-encoder.
 
 BM25: a pool's own `bm25` scores when every candidate carries one (as `tools/prepare_data.py`
-writes them), else `logrerank_jax.data.bm25.BM25Index` over the pool's "title text" strings.
+writes them), else `logrerank_jax.datasets.bm25.BM25Index` over the pool's "title text" strings.
 
 Cross-encoder: an HF sequence-classification folder (`config.json`, weights, tokenizer) of
 either encoder family, told apart by config.json's `model_type`:
@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from logrerank_jax.data.bm25 import BM25Index
+from logrerank_jax.datasets.bm25 import BM25Index
 from logrerank_jax.errors import ConfigError, DataError
 
 
@@ -61,8 +61,8 @@ def bm25_scores(query: str, ctxs: Sequence[dict]) -> list:
 
 def _classifier(cfg):
   """The sequence-classifier module of an encoder config's family."""
-  from logrerank_jax.models.bert import BertConfig, BertSequenceClassifier
-  from logrerank_jax.models.modernbert import ModernBertSequenceClassifier
+  from logrerank_jax.models.encoders.bert import BertConfig, BertSequenceClassifier
+  from logrerank_jax.models.encoders.modernbert import ModernBertSequenceClassifier
   return (BertSequenceClassifier if isinstance(cfg, BertConfig)
           else ModernBertSequenceClassifier)(cfg)
 
@@ -92,7 +92,7 @@ class CrossEncoder:
       batch_size: pairs per jitted call.
       length_buckets: padded lengths; `max_len` is added as the last bucket.
     """
-    from logrerank_jax.models.bert import BertConfig
+    from logrerank_jax.models.encoders.bert import BertConfig
     if cfg.num_labels not in (1, 2):
       raise ConfigError(f"cross-encoder must have 1 or 2 labels, got num_labels={cfg.num_labels}")
     if max_len < 8 or batch_size < 1:
@@ -178,7 +178,7 @@ class CrossEncoder:
 
 def _embed(params, input_ids, attention_mask, token_type_ids, cfg):
   """Jitted body: mean-pooled, L2-normalised embeddings ([B, L] -> [B, d], float32)."""
-  from logrerank_jax.models.bert import BertEncoder
+  from logrerank_jax.models.encoders.bert import BertEncoder
   h = BertEncoder(cfg).apply({"params": params}, input_ids, attention_mask,
                              token_type_ids).astype(jnp.float32)  # [B, L, d]
   m = attention_mask.astype(jnp.float32)[..., None]  # [B, L, 1]

@@ -21,7 +21,7 @@ def test_import_linter_contracts_are_kept():
   proc = subprocess.run([str(exe) if exe.exists() else "lint-imports", "--no-cache"], cwd=ROOT,
                         env=env, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-  assert "6 kept, 0 broken" in proc.stdout, proc.stdout[-2000:]
+  assert "7 kept, 0 broken" in proc.stdout, proc.stdout[-2000:]
 
 
 def _private_library_names(path: pathlib.Path):
@@ -49,7 +49,7 @@ def _private_library_names(path: pathlib.Path):
   return bad
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "benchmarks").glob("*.py")) + [ROOT / "tools" / "benchmark.py"],
+@pytest.mark.parametrize("path", sorted((ROOT / "logrerank_bench").glob("*.py")) + [ROOT / "tools" / "benchmark.py"],
                          ids=lambda p: p.name)
 def test_benchmarks_use_no_private_library_names(path):
   assert _private_library_names(path) == []
@@ -59,7 +59,7 @@ def test_private_name_check_catches_one(tmp_path):
   """The check above can fail: a file reaching into a private name is reported."""
   f = tmp_path / "x.py"
   f.write_text("from logrerank_jax.data import sentences\nsentences._split_cached.cache_clear()\n"
-               "from logrerank_jax.inference import _forward\n")
+               "from logrerank_jax.engine import _forward\n")
   assert [n for _, n in _private_library_names(f)] == ["_forward", "_split_cached"] or \
       sorted(n for _, n in _private_library_names(f)) == ["_forward", "_split_cached"]
 
@@ -73,13 +73,17 @@ def test_public_face():
   assert logrerank_jax.Reranker.from_dir.__func__ is logrerank_jax.Reranker.from_pretrained.__func__
   assert "Reranker.from_pretrained" in logrerank_jax.__doc__
   # Every public name is what its module defines (the package resolves them on first use).
-  from logrerank_jax import errors, inference, models, results  # noqa: F401
+  from logrerank_jax import errors, models, results
+  from logrerank_jax import engine as inference  # noqa: F401
   from logrerank_jax.models import log_reranker, model_folder
+  from logrerank_jax.models.encoders import bert, modernbert
   homes = {"Reranker": inference, "LoGConfig": log_reranker, "LoGReranker": log_reranker,
            "ablation": log_reranker, "load_model": model_folder, "save_model": model_folder,
            "LogRerankError": errors, "DataError": errors, "ConfigError": errors,
            "CheckpointError": errors, "RankedResults": results, "RankedPassage": results,
-           "RankedSentence": results, "RerankResult": results}
+           "RankedSentence": results, "RerankResult": results,
+           "ModernBertConfig": modernbert, "ModernBertEncoder": modernbert, "BertConfig": bert,
+           "BertEncoder": bert}
   assert set(homes) | {"__version__"} == set(logrerank_jax.__all__)
   for name, module in homes.items():
     assert getattr(logrerank_jax, name) is getattr(module, name), name

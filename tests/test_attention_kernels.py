@@ -1,10 +1,10 @@
 """The accelerator attention kernels against `reference_attention`, on CPU.
 
-- "pallas_gpu" (`models/pallas_attention.py`): its Pallas kernels run here in interpret mode,
+- "pallas_gpu" (`models/attention/pallas_gpu.py`): its Pallas kernels run here in interpret mode,
   forward and backward, on padded, packed and windowed rows, float32 and bfloat16.
-- "splash_tpu" (`models/splash.py`): JAX's splash attention in interpret mode, forward and
+- "splash_tpu" (`models/attention/splash_tpu.py`): JAX's splash attention in interpret mode, forward and
   backward, global and windowed, plus its fallback for layouts its index window cannot express.
-- The block schedule (`models/block_schedule.py`): it covers every pair the mask keeps, and its
+- The block schedule (`models/attention/block_schedule.py`): it covers every pair the mask keeps, and its
   work counts on hand-counted layouts.
 - bf16 inference params (`models/precision.py`): same outputs, float32 scores.
 
@@ -17,10 +17,10 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from logrerank_jax.models import block_schedule as bs
-from logrerank_jax.models import modernbert as mb
-from logrerank_jax.models.pallas_attention import pallas_attention
-from logrerank_jax.models.splash import positions_are_contiguous, splash_attention
+from logrerank_jax.models.attention import block_schedule as bs
+from logrerank_jax.models.encoders import modernbert as mb
+from logrerank_jax.models.attention.pallas_gpu import pallas_attention
+from logrerank_jax.models.attention.splash_tpu import positions_are_contiguous, splash_attention
 
 L = 56  # not a multiple of the 16-token blocks: the kernel pads the rows
 H, DH = 2, 16

@@ -16,7 +16,7 @@ import sys
 import numpy as np
 import pytest
 
-from benchmarks import suites as bm
+from logrerank_bench import suites as bm
 from logrerank_jax.data.packing import PackingConfig, pack_queries
 from logrerank_jax.errors import ConfigError, DataError
 from logrerank_jax.models import log_reranker as lr
@@ -76,7 +76,7 @@ def test_encoder_flops_known_answer(lens):
 def test_encoder_suite_tiny_smoke():
   """The interleaved encoder suite on one query of two passages: figures exist, every contender
   saw the same sequences, Flax matched torch, and the load was recorded. No speed is asserted."""
-  from benchmarks import encoder
+  from logrerank_bench import encoder
   out = encoder.encoder_suite(size="tiny", reps=5, impls=("xla",), queries=1, passages=2,
                               torch_batch_sizes=(8,), log=lambda _: None)
   r = out["ratio_vs_torch"]
@@ -94,7 +94,7 @@ def test_encoder_suite_tiny_smoke():
 def test_kernels_suite_tiny_smoke():
   """Dense and attention kernels of both frameworks timed on the same inputs; the attention
   outputs agree (float32: the same logits and softmax in another order, <= 1e-5)."""
-  from benchmarks import encoder
+  from logrerank_bench import encoder
   out = encoder.kernels_suite(size="tiny", reps=5, queries=1, passages=2, log=lambda _: None)
   assert set(out["xla_over_torch_time"]) == {
       "dense_float32", "dense_bfloat16", "attention_global", "attention_global_grad",
@@ -110,8 +110,8 @@ def test_attention_free_floor_mixes_no_tokens(impl):
   token of its sequence."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from benchmarks import encoder
-  from logrerank_jax.models.modernbert import ModernBertEncoder
+  from logrerank_bench import encoder
+  from logrerank_jax.models.encoders.modernbert import ModernBertEncoder
   cfg = bm.encoder_config("tiny", 64).replace(attention_impl=impl)
   enc = ModernBertEncoder(cfg)
   ids = jnp.arange(4, 20, dtype=jnp.int32)[None]  # one 16-token sequence
@@ -127,7 +127,7 @@ def test_attention_free_floor_mixes_no_tokens(impl):
 
 
 def test_train_step_suite_tiny_smoke():
-  from benchmarks import encoder
+  from logrerank_bench import encoder
   out = encoder.train_step_suite(size="tiny", reps=5, queries=1, passages=2, log=lambda _: None)
   for key in ("ratio_vs_torch", "ratio_ceiling_vs_torch"):
     r = out[key]
@@ -218,7 +218,7 @@ def test_attention_work_suite_tiny(pools, tokenizer):
   """attention_work_efficiency per path on real packed pools: ratios in (0, 1]; the block-
   skipping kernel computes less than the full-row paths and no more at smaller blocks; the
   JSON's summary names every path, the kernels' defaults under their own names."""
-  from benchmarks import attention_work  # pylint: disable=g-import-not-at-top
+  from logrerank_bench import attention_work  # pylint: disable=g-import-not-at-top
   out = attention_work.attention_work_suite(pools, tokenizer, "tiny", row_lens=(128, 256),
                                             pallas_blocks=(16, 32), log=lambda _: None)
   eff = out["attention_work_efficiency"]

@@ -30,11 +30,11 @@ from logrerank_jax.data.packing import PackingConfig, QueryInput, pack_queries
 from logrerank_jax.data.tokenization import load_tokenizer
 from logrerank_jax.errors import ConfigError
 from logrerank_jax.models import config_io
-from logrerank_jax.models.bert import BertConfig
+from logrerank_jax.models.encoders.bert import BertConfig
 from logrerank_jax.models.local_scorer import (LocalScorer, encoder_config_from_hf, encoder_family,
                                                pair_token_types, score_batch)
 from logrerank_jax.models.log_reranker import LoGConfig, count_params
-from logrerank_jax.models.modernbert import ModernBertConfig
+from logrerank_jax.models.encoders.modernbert import ModernBertConfig
 from torch_init import randomise_normal as _randomise
 
 transformers.logging.set_verbosity_error()
@@ -285,7 +285,7 @@ def test_encoder_attention_dropout_replaces_the_checkpoints_and_minus_one_keeps_
   attention path; a rate outside [0, 1) is refused by name. ModernBERT's field
   (`attention_dropout`) is set the same way (the tiny LoG model)."""
   from logrerank_jax.data.records import parse_training_record
-  from logrerank_jax.models.modernbert import ModernBertConfig
+  from logrerank_jax.models.encoders.modernbert import ModernBertConfig
   from logrerank_jax.training import stages
   line = (DEMO / "train.jsonl").read_text().splitlines()[0]
   records = [parse_training_record(json.loads(line))]
@@ -331,7 +331,7 @@ def test_tokenizer_larger_than_the_encoder_vocabulary_is_refused(minilm_path, tm
 def test_inference_rows_follow_the_positions_of_a_roberta_layout():
   """RoBERTa stores 514 position embeddings for 512 positions (offset pad_token_id + 1): the
   default inference row is 512 tokens, not 514."""
-  from logrerank_jax.inference import default_packing_config
+  from logrerank_jax.engine import default_packing_config
   enc = BertConfig.from_hf({"model_type": "roberta", "vocab_size": 100, "hidden_size": 32,
                             "num_hidden_layers": 1, "num_attention_heads": 2,
                             "intermediate_size": 64, "max_position_embeddings": 514,

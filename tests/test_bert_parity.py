@@ -28,7 +28,7 @@ import torch
 import transformers
 
 from logrerank_jax.convert import bert_params_from_torch, load_torch_state_dict
-from logrerank_jax.models import bert as mbert
+from logrerank_jax.models.encoders import bert as mbert
 from torch_init import randomise_normal as _randomise
 
 logging.getLogger("transformers").setLevel(logging.ERROR)

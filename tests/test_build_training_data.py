@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 
 from logrerank_jax.data import records as records_lib
-from logrerank_jax.data.construction import consolidate as consolidate_lib
-from logrerank_jax.data.construction import extract as extract_lib
-from logrerank_jax.data.construction import prompts
-from logrerank_jax.data.construction import requests as requests_lib
-from logrerank_jax.data.construction import roles as roles_lib
-from logrerank_jax.data.construction.lenient_json import loads_lenient
+from logrerank_jax.datasets.construction import consolidate as consolidate_lib
+from logrerank_jax.datasets.construction import extract as extract_lib
+from logrerank_jax.datasets.construction import prompts
+from logrerank_jax.datasets.construction import requests as requests_lib
+from logrerank_jax.datasets.construction import roles as roles_lib
+from logrerank_jax.datasets.construction.lenient_json import loads_lenient
 from logrerank_jax.errors import DataError
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

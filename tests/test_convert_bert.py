@@ -20,7 +20,7 @@ from logrerank_jax.convert import (
     load_torch_state_dict,
 )
 from logrerank_jax.errors import CheckpointError
-from logrerank_jax.models import bert as mbert
+from logrerank_jax.models.encoders import bert as mbert
 from torch_init import randomise_uniform_norms as _randomise
 
 logging.getLogger("transformers").setLevel(logging.ERROR)

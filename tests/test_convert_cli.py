@@ -21,10 +21,10 @@ from logrerank_jax.convert import load_torch_state_dict, modernbert_params_from_
 from logrerank_jax.data.inference_input import parse_inference_record
 from logrerank_jax.data.packing import QueryInput
 from logrerank_jax.data.tokenization import train_wordpiece_tokenizer
-from logrerank_jax.inference import default_packing_config
+from logrerank_jax.engine import default_packing_config
 from logrerank_jax.models.config_io import load_log_config, save_log_config
 from logrerank_jax.models.log_reranker import LoGConfig
-from logrerank_jax.models.modernbert import ModernBertConfig, ModernBertSequenceClassifier
+from logrerank_jax.models.encoders.modernbert import ModernBertConfig, ModernBertSequenceClassifier
 
 transformers.logging.set_verbosity_error()
 

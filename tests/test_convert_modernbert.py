@@ -25,7 +25,7 @@ from logrerank_jax.convert import (
     sequence_classifier_rules,
 )
 from logrerank_jax.errors import CheckpointError
-from logrerank_jax.models.modernbert import (
+from logrerank_jax.models.encoders.modernbert import (
     ModernBertConfig,
     ModernBertEncoder,
     ModernBertSequenceClassifier,

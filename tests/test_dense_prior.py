@@ -17,10 +17,10 @@ from logrerank_jax.data.packing import PackingConfig, QueryInput, pack_queries
 from logrerank_jax.data.tokenization import train_wordpiece_tokenizer
 from logrerank_jax.errors import ConfigError
 from logrerank_jax.models import config_io
-from logrerank_jax.models import bert as mbert
-from logrerank_jax.models.bert import BertEncoder
+from logrerank_jax.models.encoders import bert as mbert
+from logrerank_jax.models.encoders.bert import BertEncoder
 from logrerank_jax.models.local_scorer import LocalScorer, LocalScorerConfig
-from logrerank_jax.models.modernbert import ModernBertEncoder
+from logrerank_jax.models.encoders.modernbert import ModernBertEncoder
 from logrerank_jax.models.log_reranker import LoGConfig
 
 PACK = PackingConfig(row_len=96, row_buckets=(4,), span_buckets=(32,), node_buckets=(16,),

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from test_inference import make_pools, make_tiny_model
-from logrerank_jax import baselines, inference
+from logrerank_jax import baselines
+from logrerank_jax import engine as inference
 from logrerank_jax.evaluation import read_trec_run, rerank_metrics, run_from_scores, write_qrels
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent

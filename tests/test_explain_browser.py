@@ -16,7 +16,7 @@ import pathlib
 import pytest
 
 from logrerank_jax import explain
-from logrerank_jax.data.pools import expand_pools
+from logrerank_jax.data.pool_files import expand_pools
 from test_explain import HOSTILE_SENTENCE, HOSTILE_TITLE, synthetic_result
 from test_inference import make_pools, make_tiny_model
 from test_rerank_cli import load_tool, read_jsonl

@@ -11,7 +11,7 @@ import pytest
 
 from logrerank_jax.errors import DataError
 from logrerank_jax.models import log_reranker as lr
-from logrerank_jax.serving import engine
+from logrerank_jax.engine import device as engine
 from logrerank_jax.training import feature_cache as fc
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

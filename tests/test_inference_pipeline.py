@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from logrerank_jax import inference
+from logrerank_jax import engine as inference
 from logrerank_jax.errors import ConfigError, DataError
 
 from test_inference import check_output, make_pools, make_tiny_model

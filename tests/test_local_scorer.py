@@ -15,7 +15,7 @@ from logrerank_jax.errors import ConfigError
 from logrerank_jax.models.local_scorer import (LocalScorer, pool_spans,
                                                score_batch, spans_to_nodes)
 from logrerank_jax.models.log_reranker import LoGConfig, count_params
-from logrerank_jax.models.modernbert import ModernBertEncoder
+from logrerank_jax.models.encoders.modernbert import ModernBertEncoder
 
 # Small rows so several (query, passage) sequences share a row and long passages get windows.
 PACK = PackingConfig(row_len=192, row_buckets=(4, 8), span_buckets=(64,), node_buckets=(32,),

@@ -114,7 +114,7 @@ def test_passage_stage_trains_and_exports_a_cross_encoder_folder(minilm_path, tm
 
 
 def test_id_only_pools_resolve_against_the_shipped_corpus():
-  from logrerank_jax.data.pools import expand_pools
+  from logrerank_jax.data.pool_files import expand_pools
   from logrerank_jax.evaluation import read_qrels
   pools = [json.loads(l) for l in (DEMO / "test_pools.jsonl").read_text().splitlines()]
   corpus = [json.loads(l) for l in (DEMO / "corpus.jsonl").read_text().splitlines()]

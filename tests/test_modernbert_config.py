@@ -9,7 +9,7 @@ import pytest
 import transformers
 
 from logrerank_jax.errors import ConfigError
-from logrerank_jax.models.modernbert import ModernBertConfig
+from logrerank_jax.models.encoders.modernbert import ModernBertConfig
 
 logging.getLogger("transformers").setLevel(logging.ERROR)
 transformers.logging.set_verbosity_error()
@@ -134,7 +134,7 @@ def test_config_is_hashable_for_static_jit_args():
 
 def _patch_backend(monkeypatch, backend, compute_capability=None):
   """Make the dispatch see another backend (this suite runs on CPU) and a fresh fallback log."""
-  from logrerank_jax.models import attention_dispatch as ad  # pylint: disable=g-import-not-at-top
+  from logrerank_jax.models.attention import dispatch as ad  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(jax, "default_backend", lambda: backend)
   monkeypatch.setattr(ad, "gpu_compute_capability", lambda: compute_capability)
   # The kernels' on-device self-check cannot run here (no GPU/TPU): pretend it passed. Its
@@ -147,7 +147,7 @@ def _patch_backend(monkeypatch, backend, compute_capability=None):
 
 def _fallback_lines(caplog):
   return [r.getMessage() for r in caplog.records
-          if r.name == "logrerank_jax.models.attention_dispatch"]
+          if r.name == "logrerank_jax.models.attention.dispatch"]
 
 
 def test_attention_impl_auto_is_the_default_and_resolves_by_backend(monkeypatch, caplog):
@@ -191,8 +191,8 @@ def test_unavailable_kernel_falls_back_with_one_logged_line(monkeypatch, caplog,
     cfg = cfg.replace(attention_impl="pallas_gpu")
     want, reason = "tiled", "gpu backend"
   else:  # the real self-check
-    from logrerank_jax.models import attention_dispatch  # pylint: disable=g-import-not-at-top
-    from logrerank_jax.models import modernbert as mb  # pylint: disable=g-import-not-at-top
+    from logrerank_jax.models.attention import dispatch as attention_dispatch  # pylint: disable=g-import-not-at-top
+    from logrerank_jax.models.encoders import modernbert as mb  # pylint: disable=g-import-not-at-top
     probe = attention_dispatch._probe_error.__wrapped__  # pylint: disable=protected-access
     ad = _patch_backend(monkeypatch, "gpu", compute_capability=9.0)
     monkeypatch.setattr(ad, "_probe_error", probe)
@@ -222,7 +222,7 @@ def test_pallas_gpu_encoder_through_dispatch_equals_xla(monkeypatch):
   every layer (interpret mode here), and the encoder equals the XLA reference on packed rows
   with padding. (The kernel's gradients: tests/test_attention_kernels.py.)"""
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from logrerank_jax.models import modernbert as mb  # pylint: disable=g-import-not-at-top
+  from logrerank_jax.models.encoders import modernbert as mb  # pylint: disable=g-import-not-at-top
   # One global and one window layer: every kind of layer, the fewest to compile.
   cfg = ModernBertConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                          num_attention_heads=2, global_attn_every_n_layers=2, local_attention=8,

@@ -22,7 +22,7 @@ import pytest
 import torch
 import transformers
 
-from logrerank_jax.models import modernbert as mb
+from logrerank_jax.models.encoders import modernbert as mb
 from torch_init import randomise_normal as _randomise
 
 logging.getLogger("transformers").setLevel(logging.ERROR)
@@ -402,7 +402,7 @@ def test_tiled_attention_equals_reference(layout, local_attention):
   assert err <= ATOL_TILED_KERNEL, f"{name} window={window}: tiled vs reference {err:.2e}"
 
 
-# The tiled kernel's hand-written backward (models/tiled_attention.py) vs autodiff of the
+# The tiled kernel's hand-written backward (models/attention/tiled.py) vs autodiff of the
 # reference, per layout, window and heads per map step (1 and 2 split the 4 heads into groups;
 # 4 is what these shapes get by default). Cotangents are zero at padding queries, as in the model
 # (no real token reads a padding output). Gradients are compared relative to each one's scale
@@ -437,7 +437,7 @@ def _reference_vjp(layout, local_attention):
 @pytest.mark.parametrize("layout", [0, 1, 2], ids=["packed", "padded", "unordered"])
 def test_tiled_attention_gradients_equal_reference(layout, local_attention, heads_per_tile,
                                                    monkeypatch):
-  from logrerank_jax.models import tiled_attention as ta  # pylint: disable=g-import-not-at-top
+  from logrerank_jax.models.attention import tiled as ta  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(ta, "_heads_per_tile", lambda heads, elems: heads_per_tile)
   name, args, window, valid = _vjp_inputs(layout, local_attention)
   out, grads = _attention_vjp_jit("tiled", window, heads_per_tile)(*args)
@@ -481,7 +481,7 @@ def test_tiled_attention_bfloat16_keeps_dtypes_and_tracks_float32():
 
 
 def test_heads_per_tile_known_answers():
-  from logrerank_jax.models import tiled_attention as ta  # pylint: disable=g-import-not-at-top
+  from logrerank_jax.models.attention import tiled as ta  # pylint: disable=g-import-not-at-top
   budget = ta._TILE_BYTES // 4  # float32 logits that fit one tile
   assert ta._heads_per_tile(4, budget // 4) == 4  # all heads fit
   assert ta._heads_per_tile(12, budget // 6) == 6  # the largest divisor of 12 that fits

@@ -22,8 +22,8 @@ from packing_reference import reference_pack_queries
 from logrerank_jax.data import packing
 from logrerank_jax.data.inference_input import parse_inference_record
 from logrerank_jax.data.packing import PackingConfig, QueryInput, pack_for_model, pack_queries
-from logrerank_jax.data.pools import build_eval_pools
-from logrerank_jax.data.scholarqabench import read_scholarqabench
+from logrerank_jax.datasets.pools import build_eval_pools
+from logrerank_jax.datasets.scholarqabench import read_scholarqabench
 from logrerank_jax.data.tokenization import encode_texts, train_wordpiece_tokenizer
 from logrerank_jax.errors import ConfigError
 
@@ -175,7 +175,7 @@ def test_planner_calls_equal_reference_packing(tokenizers, records):
   reference packer's output on the same slots, array for array, with the engine's padding; for
   both encodings of the model."""
   from logrerank_jax.models import log_reranker as lr  # pylint: disable=g-import-not-at-top
-  from logrerank_jax.serving.planner import (Planner, default_packing_config,  # pylint: disable=g-import-not-at-top
+  from logrerank_jax.engine.planner import (Planner, default_packing_config,  # pylint: disable=g-import-not-at-top
                                              pad_local)
   tok = tokenizers["wordpiece"]
   for contextual in (True, False):

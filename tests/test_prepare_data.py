@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from logrerank_jax import evaluation
-from logrerank_jax.data.bm25 import BM25Index, bm25_tokenize
-from logrerank_jax.data.pools import build_eval_pools
-from logrerank_jax.data.scholarqabench import read_scholarqabench
+from logrerank_jax.datasets.bm25 import BM25Index, bm25_tokenize
+from logrerank_jax.datasets.pools import build_eval_pools
+from logrerank_jax.datasets.scholarqabench import read_scholarqabench
 from logrerank_jax.errors import ConfigError, DataError
 
 DATA = pathlib.Path(__file__).parent / "data"
@@ -236,7 +236,7 @@ CORPUS = [{"id": "a", "title": "A", "text": "alpha"}, {"id": 7, "text": "seven"}
 
 
 def test_expand_pools_resolves_ids_and_passes_full_pools_through():
-  from logrerank_jax.data.pools import expand_pools, index_corpus
+  from logrerank_jax.data.pool_files import expand_pools, index_corpus
   full = {"id": "q0", "input": "x", "ctxs": [{"text": "t"}]}
   out = expand_pools([{"id": "q1", "input": "y", "ctx_ids": ["a", 7]}, full], CORPUS)
   assert out[0] == {"id": "q1", "input": "y", "ctxs": [{"id": "a", "title": "A", "text": "alpha"},
@@ -260,14 +260,14 @@ def test_expand_pools_resolves_ids_and_passes_full_pools_through():
     ([], [{"text": "no id"}], "corpus entry 1: expected a JSON object with an 'id'"),
 ], ids=["missing-id", "ctxs-and-ctx_ids", "ctx_ids-not-list", "repeated-corpus-id", "no-id"])
 def test_expand_pools_errors_name_the_pool_or_entry(pools, corpus, needle):
-  from logrerank_jax.data.pools import expand_pools
+  from logrerank_jax.data.pool_files import expand_pools
   with pytest.raises(DataError) as info:
     expand_pools(pools, corpus)
   assert needle in str(info.value) and "\n" not in str(info.value)
 
 
 def test_read_pool_file_names_a_malformed_line(tmp_path):
-  from logrerank_jax.data.pools import read_pool_file
+  from logrerank_jax.data.pool_files import read_pool_file
   path = tmp_path / "pools.jsonl"
   path.write_text('{"id": "q"}\n\n{"id": \n')
   with pytest.raises(DataError, match=rf"{path}:3: malformed JSON"):

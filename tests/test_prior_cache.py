@@ -8,16 +8,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from benchmarks.suites import init_log_params
-from logrerank_jax import inference
+from logrerank_bench.suites import init_log_params
+from logrerank_jax import engine as inference
 from logrerank_jax.data.inference_input import parse_inference_record
 from logrerank_jax.data.packing import PackingConfig, QueryInput, pack_queries
 from logrerank_jax.data.tokenization import train_wordpiece_tokenizer
 from logrerank_jax.errors import ConfigError
-from logrerank_jax.models import bert as mbert
+from logrerank_jax.models.encoders import bert as mbert
 from logrerank_jax.models import log_reranker as lr
 from logrerank_jax.models.local_scorer import split_query_passage
-from logrerank_jax.serving.prior_cache import call_units
+from logrerank_jax.engine.prior_cache import call_units
 
 from test_inference import make_pools
 

@@ -236,7 +236,7 @@ def two_models(tmp_path_factory):
 
 
 def test_params_of_another_config_are_refused_with_shapes(two_models, tmp_path):
-  from logrerank_jax import inference
+  from logrerank_jax import engine as inference
   from logrerank_jax.models.config_io import load_log_config, save_log_config
   model, _, _ = two_models
   folder = tmp_path / "m"
@@ -255,7 +255,7 @@ def test_params_of_another_config_are_refused_with_shapes(two_models, tmp_path):
 
 
 def test_matching_params_pass_the_shape_check(two_models):
-  from logrerank_jax import inference
+  from logrerank_jax import engine as inference
   model, _, _ = two_models
   rr = inference.Reranker.from_dir(model)
   assert rr.cfg.local.encoder.hidden_size > 0

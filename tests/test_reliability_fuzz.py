@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from logrerank_jax.data.inference_input import (InferenceRecord, parse_inference_line,
                                                 parse_inference_record, read_inference_file)
 from logrerank_jax.data.records import TrainingRecord, parse_training_record, validate_training_file
-from logrerank_jax.data.scholarqabench import read_scholarqabench
+from logrerank_jax.datasets.scholarqabench import read_scholarqabench
 from logrerank_jax.errors import ConfigError, DataError, LogRerankError
 from logrerank_jax.evaluation import read_qrels, read_trec_run, rerank_metrics
 from logrerank_jax.models import log_reranker as lr

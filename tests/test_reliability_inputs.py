@@ -22,7 +22,7 @@ import pytest
 
 from logrerank_jax.data.inference_input import InferenceRecord, read_inference_file
 from logrerank_jax.data.records import validate_training_file
-from logrerank_jax.data.scholarqabench import read_scholarqabench
+from logrerank_jax.datasets.scholarqabench import read_scholarqabench
 from logrerank_jax.errors import CheckpointError, ConfigError, DataError, LogRerankError
 from logrerank_jax.evaluation import read_qrels, read_trec_run, rerank_metrics
 

@@ -140,7 +140,7 @@ def test_id_only_pools_with_corpus(setup, tmp_path, capsys):
   --corpus as the same pools with their passages inline; an id the corpus lacks is that
   record's one-line error naming it; without --corpus the records' error says to pass one."""
   from logrerank_jax.data.inference_input import InferenceRecord, read_inference_file
-  from logrerank_jax.data.pools import read_corpus
+  from logrerank_jax.data.pool_files import read_corpus
   tmp, model, _, expected = setup
   pools = [e for e in expected if isinstance(e, dict)]  # the fixture's 3 real SciFact pools
   corpus = {c["id"]: {"id": c["id"], "title": c["title"], "text": c["text"]}

@@ -1,4 +1,4 @@
-"""ScholarQA-CS evaluation pools (`data/scholarqa_cs.py`, `tools/build_cs_pools.py`) and SciFact
+"""ScholarQA-CS evaluation pools (`datasets/scholarqa_cs.py`, `tools/build_cs_pools.py`) and SciFact
 snippet pools (`data/pools.build_chunk_pools`) on real slices."""
 
 import json
@@ -6,10 +6,10 @@ import pathlib
 
 import pytest
 
-from logrerank_jax.data import scholarqa_cs
-from logrerank_jax.data.bm25 import BM25Index
-from logrerank_jax.data.pools import build_chunk_pools, chunk_passages
-from logrerank_jax.data.scholarqabench import read_scholarqabench
+from logrerank_jax.datasets import scholarqa_cs
+from logrerank_jax.datasets.bm25 import BM25Index
+from logrerank_jax.datasets.pools import build_chunk_pools, chunk_passages
+from logrerank_jax.datasets.scholarqabench import read_scholarqabench
 from logrerank_jax.errors import ConfigError, DataError
 
 DATA = pathlib.Path(__file__).parent / "data"

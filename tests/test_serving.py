@@ -30,7 +30,7 @@ import pytest
 
 import logrerank_jax
 from conftest import read_jsonl
-from logrerank_jax import inference
+from logrerank_jax import engine as inference
 from logrerank_jax.data.inference_input import parse_inference_record
 from logrerank_jax.data.sentences import split_sentences
 from test_inference import make_pools, make_tiny_model

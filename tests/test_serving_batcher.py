@@ -10,7 +10,7 @@ import time
 import pytest
 
 from logrerank_jax.errors import DataError
-from logrerank_jax.serving.batcher import Batcher, Closed, QueueFull
+from logrerank_jax.engine.batcher import Batcher, Closed, QueueFull
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,7 +5,7 @@ import collections
 import pytest
 
 from logrerank_jax.data.sentences import split_sentences
-from logrerank_jax.data.splitter_cases import CASES
+from logrerank_jax.datasets.splitter_cases import CASES
 
 CLASSES = sorted({c for c, _, _ in CASES})
 

@@ -8,13 +8,13 @@
       --requests 48 --reps 5 --json serving.json                             # HTTP load test
 
 Suites: encoder, train_step, kernels, pipeline, packing, attention_work, recompile, cache, params
-(see benchmarks/); `serving` (not in `all`: it needs a trained model folder, `--checkpoint`) is
-the HTTP load test of `tools/serve.py` against the in-process engine (benchmarks/serving.py);
+(see logrerank_bench/); `serving` (not in `all`: it needs a trained model folder, `--checkpoint`) is
+the HTTP load test of `tools/serve.py` against the in-process engine (logrerank_bench/serving.py);
 `host` (not in `all`) is the engine's host work per real 50-passage query on one thread and its
-throughput with 1 and 2 worker processes (benchmarks/host.py; `taskset -c 1` for one core).
+throughput with 1 and 2 worker processes (logrerank_bench/host.py; `taskset -c 1` for one core).
 `attention_work` counts, per attention path, the query x key pairs it computes against those
 the masks keep (`attention_work_efficiency`, also copied to the JSON's top level).
-`encoder`, `train_step` and `kernels` are `benchmarks.encoder` (interleaved
+`encoder`, `train_step` and `kernels` are `logrerank_bench.encoder` (interleaved
 protocol, median and spread, load average recorded, the strongest simple PyTorch peer: sdpa on
 length-sorted batches; `kernels` times one dense projection and one attention layer of each
 framework on identical inputs); they run in a child process so their XLA flags and thread
@@ -32,7 +32,7 @@ import time
 REPO = pathlib.Path(__file__).resolve().parent.parent
 SUITES = ("params", "packing", "attention_work", "encoder", "train_step", "kernels", "pipeline",
           "cache", "recompile")
-ENCODER_SUITES = ("encoder", "train_step", "kernels")  # benchmarks.encoder, in a child process
+ENCODER_SUITES = ("encoder", "train_step", "kernels")  # logrerank_bench.encoder, in a child process
 EXTRA_SUITES = ("serving", "host")  # run only when named
 
 
@@ -64,7 +64,7 @@ def parse_args(argv=None):
   p.add_argument("--time-budget", type=float, default=0.0,
                  help="seconds; suites not started before this much time has passed are skipped")
   p.add_argument("--no-engine", action="store_true",
-                 help="pipeline/recompile: do not use logrerank_jax.inference.Reranker")
+                 help="pipeline/recompile: do not use logrerank_jax.engine.Reranker")
   p.add_argument("--checkpoint", default="runs/demo/global",
                  help="serving: the model folder to serve (default: the demo's final model)")
   p.add_argument("--clients", type=int, default=16, help="serving: concurrent HTTP clients")
@@ -75,7 +75,7 @@ def parse_args(argv=None):
 
 
 def encoder_child(suite: str, args, threads: int) -> dict:
-  """Run one `benchmarks.encoder` suite in a child process and return its JSON entry."""
+  """Run one `logrerank_bench.encoder` suite in a child process and return its JSON entry."""
   import json  # pylint: disable=g-import-not-at-top
   import subprocess  # pylint: disable=g-import-not-at-top
   import tempfile  # pylint: disable=g-import-not-at-top
@@ -83,7 +83,7 @@ def encoder_child(suite: str, args, threads: int) -> dict:
     return {"skipped": "encoder/train_step/kernels have sizes small and base"}
   with tempfile.TemporaryDirectory() as tmp:
     out = os.path.join(tmp, "out.json")
-    cmd = [sys.executable, "-m", "benchmarks.encoder", "--suite", suite, "--size", args.size,
+    cmd = [sys.executable, "-m", "logrerank_bench.encoder", "--suite", suite, "--size", args.size,
            "--threads", str(threads), "--reps", str(max(5, args.reps)), "--impls", args.impls,
            "--json", out] + (["--data", args.data] if args.data else []) + (
                ["--queries", str(args.queries)] if args.queries else [])
@@ -101,13 +101,13 @@ def main(argv=None):
   if unknown:
     raise SystemExit(f"unknown suite(s) {unknown}; known: {SUITES + EXTRA_SUITES}")
   sys.path.insert(0, str(REPO))
-  from benchmarks.protocol import set_threads  # pylint: disable=g-import-not-at-top
+  from logrerank_bench.protocol import set_threads  # pylint: disable=g-import-not-at-top
   threads = set_threads(args.threads)  # before torch and JAX start
   import torch  # pylint: disable=g-import-not-at-top
   torch.set_num_threads(threads)
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from benchmarks import suites as bm  # pylint: disable=g-import-not-at-top
+  from logrerank_bench import suites as bm  # pylint: disable=g-import-not-at-top
 
   start = time.perf_counter()
   fine = tuple(range(1, 17)) + tuple(range(20, 129, 4))
@@ -160,7 +160,7 @@ def main(argv=None):
             + " / ".join(f"{eng[k]['padding_efficiency']:.3f}" for k in
                          ("queries_per_call_1", "queries_per_call_4", "queries_per_call_all")))
     elif suite == "attention_work":
-      from benchmarks import attention_work  # pylint: disable=g-import-not-at-top
+      from logrerank_bench import attention_work  # pylint: disable=g-import-not-at-top
       results[suite] = attention_work.attention_work_suite(
           get_pools(), tokenizer, args.size,
           row_lens=tuple(int(x) for x in args.work_row_lens.split(",")))
@@ -176,10 +176,10 @@ def main(argv=None):
                                           num_queries=args.recompile_queries,
                                           engine=not args.no_engine)
     elif suite == "host":
-      from benchmarks import host  # pylint: disable=g-import-not-at-top
+      from logrerank_bench import host  # pylint: disable=g-import-not-at-top
       results[suite] = host.host_suite()
     elif suite == "serving":
-      from benchmarks import serving  # pylint: disable=g-import-not-at-top
+      from logrerank_bench import serving  # pylint: disable=g-import-not-at-top
       results[suite] = serving.serving_suite(args.checkpoint, clients=args.clients,
                                              num_requests=args.requests, reps=args.reps)
     elif suite == "cache":

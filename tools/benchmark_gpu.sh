@@ -5,7 +5,7 @@
 #   OUT=/tmp/gpu_bench tools/benchmark_gpu.sh        # on the GPU machine: base size, bf16
 #   OUT=/tmp/dry tools/benchmark_gpu.sh --dry-run    # CPU rehearsal: tiny size, same code path
 #
-# Writes $OUT/gpu.json (benchmarks/device_run.py: attention_work_efficiency per path; LoG device,
+# Writes $OUT/gpu.json (logrerank_bench/device_run.py: attention_work_efficiency per path; LoG device,
 # host and end-to-end ms per 50-passage query on real ScholarQABench pools; encoder tokens/s and
 # bf16 MFU; local-stage training tokens/s; JAX and torch peak memory; transformers'
 # ModernBertModel with sdpa timed interleaved in the same process), $OUT/gpu_log.txt,
@@ -69,6 +69,6 @@ export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 "$PY" -c 'import jax, flax, torch, transformers; print("jax", jax.__version__, jax.devices(), "flax",
 flax.__version__, "torch", torch.__version__, "transformers", transformers.__version__)' \
   2>&1 | tee "$OUT/versions.txt"
-timeout "${LIMIT:-450}" "$PY" -m benchmarks.device_run "${ARGS[@]}" --json "$OUT/gpu.json" \
+timeout "${LIMIT:-450}" "$PY" -m logrerank_bench.device_run "${ARGS[@]}" --json "$OUT/gpu.json" \
   2>&1 | tee "$OUT/gpu_log.txt"
 echo "exit ${PIPESTATUS[0]}"

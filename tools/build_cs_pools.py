@@ -7,7 +7,7 @@ Writes, into --out: `pools.jsonl` (id-only pools `{"id", "input", "ctx_ids"}`, e
 first-stage order of BM25 over every snippet), `pools.qrels` (a question's evidence snippets,
 at most --max-gold), `corpus.jsonl` (`{"id", "title", "text"}` of every snippet) and
 `manifest.json` (source checksum, arguments, counts). Deterministic: a rebuild is
-byte-identical. The construction is `logrerank_jax/data/scholarqa_cs.py`'s docstring.
+byte-identical. The construction is `logrerank_jax/datasets/scholarqa_cs.py`'s docstring.
 Evaluation only: nothing in the project trains on these questions or selects checkpoints on
 them.
 """
@@ -20,7 +20,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from logrerank_jax.data import scholarqa_cs  # pylint: disable=g-import-not-at-top
+from logrerank_jax.datasets import scholarqa_cs  # pylint: disable=g-import-not-at-top
 from logrerank_jax.errors import LogRerankError  # pylint: disable=g-import-not-at-top
 from logrerank_jax.evaluation import write_qrels  # pylint: disable=g-import-not-at-top
 

@@ -33,7 +33,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from logrerank_jax import baselines  # pylint: disable=g-import-not-at-top
-from logrerank_jax.data import pubmed_adapter  # pylint: disable=g-import-not-at-top
+from logrerank_jax.datasets import pubmed_adapter  # pylint: disable=g-import-not-at-top
 from logrerank_jax.data import records as records_lib  # pylint: disable=g-import-not-at-top
 
 DEMO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "logrerank_jax",

@@ -26,10 +26,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 # pylint: disable=g-import-not-at-top
 from logrerank_jax.data import records as records_lib
-from logrerank_jax.data.construction import consolidate as consolidate_lib
-from logrerank_jax.data.construction import extract as extract_lib
-from logrerank_jax.data.construction import requests as requests_lib
-from logrerank_jax.data.construction import roles as roles_lib
+from logrerank_jax.datasets.construction import consolidate as consolidate_lib
+from logrerank_jax.datasets.construction import extract as extract_lib
+from logrerank_jax.datasets.construction import requests as requests_lib
+from logrerank_jax.datasets.construction import roles as roles_lib
 from logrerank_jax.errors import LogRerankError
 
 

@@ -39,8 +39,9 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from logrerank_jax import baselines, inference  # pylint: disable=g-import-not-at-top
-from logrerank_jax.data.pools import expand_pools, read_corpus, read_pool_file  # pylint: disable=g-import-not-at-top
+from logrerank_jax import baselines
+from logrerank_jax import engine as inference  # pylint: disable=g-import-not-at-top
+from logrerank_jax.data.pool_files import expand_pools, read_corpus, read_pool_file  # pylint: disable=g-import-not-at-top
 from logrerank_jax.data.inference_input import parse_inference_record, read_inference_file  # pylint: disable=g-import-not-at-top
 from logrerank_jax.errors import DataError, LogRerankError  # pylint: disable=g-import-not-at-top
 from logrerank_jax.evaluation import (query_metrics, read_qrels, read_trec_run, rerank_metrics,  # pylint: disable=g-import-not-at-top
@@ -53,7 +54,7 @@ def parse_args(argv=None):
   p.add_argument("--pools", required=True, help="pool JSONL (tools/prepare_data.py output)")
   p.add_argument("--qrels", default=None, help="TREC qrels (default: ctx label == 1)")
   p.add_argument("--corpus", default=None,
-                 help="JSONL {id, title, text} resolving pools' ctx_ids (logrerank_jax.data.pools.expand_pools)")
+                 help="JSONL {id, title, text} resolving pools' ctx_ids (logrerank_jax.data.pool_files.expand_pools)")
   p.add_argument("--bi-encoder", default=None, help="sentence-transformers BERT folder (zero-shot)")
   p.add_argument("--bi-max-len", type=int, default=None,
                  help="bi-encoder max tokens (default: the folder's sentence_bert_config.json, else 256)")

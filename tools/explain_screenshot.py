@@ -66,7 +66,7 @@ def load_rerank_tool():
 
 def read_pools(path: str, corpus: str, count: int) -> list:
   """The first `count` pools of `path`, id-only pools resolved against `corpus`."""
-  from logrerank_jax.data.pools import expand_pools  # pylint: disable=g-import-not-at-top
+  from logrerank_jax.data.pool_files import expand_pools  # pylint: disable=g-import-not-at-top
 
   with open(path, encoding="utf-8") as f:
     pools = [json.loads(line) for line in f if line.strip()][:count]

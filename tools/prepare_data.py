@@ -5,7 +5,7 @@
 
 Positives are each query's gold contexts; negatives are BM25 hits among the other
 queries' gold contexts; each pool is ordered by BM25 score (see
-`logrerank_jax/data/pools.py` for the exact construction).  Writes OpenScholar-style
+`logrerank_jax/datasets/pools.py` for the exact construction).  Writes OpenScholar-style
 JSONL (`{"id", "input", "answer", "ctxs": [{"id", "title", "text", "label", "bm25"}]}`)
 and a TREC qrels file (`qid 0 passage_id 1`).
 
@@ -24,8 +24,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from logrerank_jax.data.pools import build_chunk_pools, build_eval_pools, expand_pools  # pylint: disable=g-import-not-at-top
-from logrerank_jax.data.scholarqabench import read_scholarqabench  # pylint: disable=g-import-not-at-top
+from logrerank_jax.datasets.pools import build_chunk_pools, build_eval_pools  # pylint: disable=g-import-not-at-top
+from logrerank_jax.data.pool_files import expand_pools  # pylint: disable=g-import-not-at-top
+from logrerank_jax.datasets.scholarqabench import read_scholarqabench  # pylint: disable=g-import-not-at-top
 from logrerank_jax.errors import LogRerankError  # pylint: disable=g-import-not-at-top
 from logrerank_jax.evaluation import write_qrels  # pylint: disable=g-import-not-at-top
 

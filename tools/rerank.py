@@ -11,7 +11,7 @@ Id-only pools ({"id", "input", "ctx_ids": [passage id, ...]}, as logrerank_jax/d
 them) need `--corpus`, JSONL {"id", "title", "text"}: each id becomes that passage (`--format
 openscholar` writes the resolved `ctxs` back); a record naming an id the corpus lacks is an
 error record.
-Output: one line per non-blank input line, in order (see `logrerank_jax/inference.py` for the
+Output: one line per non-blank input line, in order (see `logrerank_jax/engine.py` for the
 "log" schema; `--format openscholar` writes the input back with its passages reordered and
 `log_context` / `log_passage_order` added).  A record that cannot be processed gets an `error`
 field; a passage whose text is unusable is kept, unranked, with its reason in
@@ -47,11 +47,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import jax  # pylint: disable=g-import-not-at-top
 
 from logrerank_jax import explain  # pylint: disable=g-import-not-at-top
-from logrerank_jax import inference  # pylint: disable=g-import-not-at-top
+from logrerank_jax import engine as inference  # pylint: disable=g-import-not-at-top
 from logrerank_jax import results as results_lib  # pylint: disable=g-import-not-at-top
 from logrerank_jax.data.inference_input import (InputLine, PASSAGE_KEYS, parse_inference_record,  # pylint: disable=g-import-not-at-top
                                                  read_inference_file)
-from logrerank_jax.data.pools import read_corpus, resolve_pool  # pylint: disable=g-import-not-at-top
+from logrerank_jax.data.pool_files import read_corpus, resolve_pool  # pylint: disable=g-import-not-at-top
 from logrerank_jax.errors import DataError, LogRerankError  # pylint: disable=g-import-not-at-top
 
 
@@ -64,7 +64,7 @@ def parse_args(argv=None):
   p.add_argument("--output", required=True, help="output JSONL (written atomically)")
   p.add_argument("--corpus", default=None,
                  help="JSONL {id, title, text} resolving id-only records' ctx_ids "
-                      "(logrerank_jax.data.pools.resolve_pool)")
+                      "(logrerank_jax.data.pool_files.resolve_pool)")
   p.add_argument("--format", choices=("log", "openscholar"), default="log",
                  help="log: ranked sentences, passage ranking, context units; openscholar: the input "
                       "records with ctxs reordered and log_context added")

@@ -33,7 +33,7 @@ def parse_args(argv=None):
     from logrerank_jax.serving import app as app_lib  # pylint: disable=g-import-not-at-top
   except ImportError as e:
     raise SystemExit(f"serve: error: {e}; install the serving extra: pip install -e \".[serve]\"")
-  from logrerank_jax.serving import batcher  # pylint: disable=g-import-not-at-top
+  from logrerank_jax.engine import batcher  # pylint: disable=g-import-not-at-top
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--checkpoint", required=True, help="model folder or training workdir")
   p.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1)")

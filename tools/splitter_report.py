@@ -1,6 +1,6 @@
 """Compare the default sentence splitter (sentencex + post-fixes) with the old pysbd one.
 
-Prints per-class correct counts on the tricky cases (logrerank_jax/data/splitter_cases.py),
+Prints per-class correct counts on the tricky cases (logrerank_jax/datasets/splitter_cases.py),
 ms per abstract for both on every gold passage of /work/shared/data/scholarqabench/*.jsonl
 (same run, cache cleared, best of --reps), agreement (fraction of passages with identical
 boundaries) and a sample of disagreements.
@@ -16,7 +16,7 @@ import random
 import time
 
 from logrerank_jax.data import sentences
-from logrerank_jax.data.splitter_cases import CASES
+from logrerank_jax.datasets.splitter_cases import CASES
 
 NEW, OLD = "sentencex", "pysbd"
 

@@ -31,7 +31,7 @@ from logrerank_jax.convert.modernbert_map import (MODERNBERT_ENCODER_RULES, Para
                                                   Rule, StateDict, expand_rules, modernbert_dims,
                                                   params_from_torch, params_to_torch)
 from logrerank_jax.errors import CheckpointError, ConfigError
-from logrerank_jax.models.bert import BertConfig
+from logrerank_jax.models.encoders.bert import BertConfig
 
 LOCAL_PREFIX = "local."
 ENCODER_PREFIX = "local.encoder."

@@ -120,7 +120,7 @@ def parse_inference_record(obj: Any, where: str = "record") -> InferenceRecord:
     if "ctx_ids" in obj:
       raise DataError(f"{where}: passages given by id only ('ctx_ids'), without their texts: "
                       "rerank with the corpus that holds them (tools/rerank.py --corpus "
-                      "corpus.jsonl; logrerank_jax.data.pools.resolve_pool)")
+                      "corpus.jsonl; logrerank_jax.data.pool_files.resolve_pool)")
     raise DataError(f"{where}: no passages: no 'ctxs' or 'passages' field")
   ctxs = obj[pkey]
   if not isinstance(ctxs, list):

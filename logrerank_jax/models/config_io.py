@@ -13,7 +13,7 @@ import numpy as np
 
 from logrerank_jax.errors import ConfigError, LogRerankError
 from logrerank_jax.graph.build import GraphBuildConfig
-from logrerank_jax.models.bert import BertConfig
+from logrerank_jax.models.encoders.bert import BertConfig
 from logrerank_jax.models.graph_reranker import GraphRerankerConfig
 from logrerank_jax.models.local_scorer import ENCODER_FAMILIES, LocalScorerConfig, encoder_family
 from logrerank_jax.models.log_reranker import LoGConfig

@@ -71,9 +71,9 @@ import numpy as np
 
 from logrerank_jax.errors import ConfigError
 from logrerank_jax.schema import NUM_ROLES, SPAN_SENTENCE, TOKEN_KEYS
-from logrerank_jax.models.bert import BertConfig, BertEncoder
-from logrerank_jax.models.hf_common import read_hf_config
-from logrerank_jax.models.modernbert import ModernBertConfig, ModernBertEncoder
+from logrerank_jax.models.encoders.bert import BertConfig, BertEncoder
+from logrerank_jax.models.encoders.hf_common import read_hf_config
+from logrerank_jax.models.encoders.modernbert import ModernBertConfig, ModernBertEncoder
 
 # Encoder family name -> its config class (the name is what model_config.json records).
 ENCODER_FAMILIES = {"modernbert": ModernBertConfig, "bert": BertConfig}

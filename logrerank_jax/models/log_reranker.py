@@ -39,7 +39,7 @@ from logrerank_jax.graph.build import GraphBuildConfig, build_sentence_graph
 from logrerank_jax.models.graph_reranker import GraphReranker, GraphRerankerConfig
 from logrerank_jax.models.local_scorer import (LocalScorer, LocalScorerConfig,
                                                encoder_config_from_hf, spans_to_nodes)
-from logrerank_jax.models.modernbert import ModernBertConfig
+from logrerank_jax.models.encoders.modernbert import ModernBertConfig
 from logrerank_jax.schema import (MODEL_KEYS, NUM_ROLES, SPAN_NONE, SPAN_QUERY, SPAN_SENTENCE,
                                   TOKEN_KEYS)
 

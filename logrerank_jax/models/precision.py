@@ -44,7 +44,7 @@ def encoder_params_for_inference(params: Mapping[str, Any], encoder_cfg) -> Any:
   if dtype == jnp.float32:
     return params
   # ModernBERT embeds in its compute dtype; BERT sums its three embeddings in float32.
-  from logrerank_jax.models.modernbert import ModernBertConfig  # pylint: disable=g-import-not-at-top
+  from logrerank_jax.models.encoders.modernbert import ModernBertConfig  # pylint: disable=g-import-not-at-top
   cast_embeddings = isinstance(encoder_cfg, ModernBertConfig)
   return jax.tree_util.tree_map_with_path(
       lambda path, leaf: _cast_leaf(path, leaf, dtype, cast_embeddings), params)

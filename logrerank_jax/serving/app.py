@@ -51,11 +51,11 @@ from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, 
 
 from logrerank_jax import explain
 from logrerank_jax.data.inference_input import parse_inference_record
-from logrerank_jax.data.pools import expand_pools
+from logrerank_jax.data.pool_files import expand_pools
 from logrerank_jax.errors import DataError, LogRerankError
 from logrerank_jax.results import RankedResults, RecordError, make_result, ranked_results
 from logrerank_jax.serving import schemas
-from logrerank_jax.serving.batcher import (DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_QUEUE,
+from logrerank_jax.engine.batcher import (DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_QUEUE,
                                            DEFAULT_WINDOW_S, Batcher, Closed, QueueFull)
 
 log = logging.getLogger("logrerank_jax.serving")

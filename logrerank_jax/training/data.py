@@ -23,7 +23,7 @@ import numpy as np
 from logrerank_jax.data.inference_input import (InferencePassage, InferenceRecord,
                                                 parse_inference_record)
 from logrerank_jax.data.packing import PackingConfig, QueryInput, pack_for_model
-from logrerank_jax.data.pools import expand_pools, read_corpus, read_pool_file
+from logrerank_jax.data.pool_files import expand_pools, read_corpus, read_pool_file
 from logrerank_jax.data.records import TrainingRecord
 from logrerank_jax.data.sentences import Sentence
 from logrerank_jax.errors import ConfigError, DataError

@@ -82,7 +82,7 @@ def local_reranker(cfg: LoGConfig, params, tokenizer, row_len: int, max_query_to
   """The inference engine over a model's local stage alone (`serving.Reranker`, use_global off),
   packing as a training run with these row and query limits packs: what the local stage's
   validation and the global stage's feature cache both score through."""
-  from logrerank_jax.serving import Reranker, default_packing_config  # pylint: disable=g-import-not-at-top
+  from logrerank_jax.engine import Reranker, default_packing_config  # pylint: disable=g-import-not-at-top
   local_cfg = dataclasses.replace(cfg, use_global=False)
   return Reranker(params, local_cfg, tokenizer, host_workers=0,
                   packing=default_packing_config(local_cfg, row_len, max_query_tokens))
@@ -108,7 +108,7 @@ def engine_features(cfg: LoGConfig, local_params, units, tokenizer, row_len: int
 def reranker_features(rr, units) -> List[Dict[str, np.ndarray]]:
   """`engine_features` through an existing `local_reranker` (its params as they are now): the
   local stage validates through this, and keeps the result for the global stage."""
-  from logrerank_jax.serving.scorer import local_nodes  # pylint: disable=g-import-not-at-top
+  from logrerank_jax.engine.scorer import local_nodes  # pylint: disable=g-import-not-at-top
   out: List[Dict[str, np.ndarray]] = []
   for chunk in rr.chunks(len(units)):
     share = [units[i] for i in chunk]

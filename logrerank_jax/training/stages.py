@@ -112,7 +112,7 @@ def with_attention_dropout(encoder, config):
   if not 0.0 <= rate < 1.0:
     raise ConfigError(f"config.encoder_attention_dropout must be in [0, 1) or -1 (the encoder's "
                       f"own), got {rate}")
-  from logrerank_jax.models.bert import BertConfig  # pylint: disable=g-import-not-at-top
+  from logrerank_jax.models.encoders.bert import BertConfig  # pylint: disable=g-import-not-at-top
   field = "attention_probs_dropout_prob" if isinstance(encoder, BertConfig) else "attention_dropout"
   return dataclasses.replace(encoder, **{field: rate})
 
@@ -734,7 +734,7 @@ class PassageStage:
   num_shards = 1  # set by the loop before `micro_batches`
 
   def _logits(self, params, batch, deterministic, rng=None):
-    from logrerank_jax.models.bert import BertSequenceClassifier  # pylint: disable=g-import-not-at-top
+    from logrerank_jax.models.encoders.bert import BertSequenceClassifier  # pylint: disable=g-import-not-at-top
     q, p, l = batch["input_ids"].shape
     flat = lambda x: x.reshape(q * p, l)  # noqa: E731
     logits = BertSequenceClassifier(self.cfg).apply(
@@ -746,7 +746,7 @@ class PassageStage:
   def init_params(self, example, rng):
     """A fresh classifier head on the checkpoint's encoder (and its pooler when it has one)."""
     from logrerank_jax.convert import bert_params_from_torch, load_torch_state_dict  # pylint: disable=g-import-not-at-top
-    from logrerank_jax.models.bert import init_params  # pylint: disable=g-import-not-at-top
+    from logrerank_jax.models.encoders.bert import init_params  # pylint: disable=g-import-not-at-top
     params = jax.device_get(init_params(self.cfg, rng, classifier=True))
     sd = load_torch_state_dict(self.config.init_checkpoint)
     params = dict(params, bert=bert_params_from_torch(sd, self.cfg))

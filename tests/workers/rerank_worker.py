@@ -16,7 +16,7 @@ import jax
 
 def main():
   spec = json.loads(pathlib.Path(sys.argv[1]).read_text())
-  from logrerank_jax import inference  # pylint: disable=g-import-not-at-top
+  from logrerank_jax import engine as inference  # pylint: disable=g-import-not-at-top
   kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in spec.get("kwargs", {}).items()}
   rr = inference.Reranker.from_pretrained(spec["model"], **kwargs)
   before = rr.precompile()["xla_compilations"] if spec.get("precompile") else 0

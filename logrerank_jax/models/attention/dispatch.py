@@ -4,9 +4,9 @@ Paths (all exact on real tokens; `modernbert.reference_attention` is the ground 
   "xla"         full masked [L, L] logits (the reference itself); any backend.
   "blocked"     window layers over neighbouring key blocks (XLA); global layers as "xla".
   "tiled"       one (row, head group) tile at a time, flash-style backward (XLA; fastest on CPU).
-  "pallas_gpu"  block-skipping flash attention, Pallas Triton kernels (`models/pallas_attention.py`);
+  "pallas_gpu"  block-skipping flash attention, Pallas Triton kernels (`models/attention/pallas_gpu.py`);
                 NVIDIA GPUs with compute capability >= 8.0.
-  "splash_tpu"  JAX's splash attention (`models/splash.py`); TPUs.
+  "splash_tpu"  JAX's splash attention (`models/attention/splash_tpu.py`); TPUs.
 "auto" picks, by JAX's default backend: "tiled" on CPU, "pallas_gpu" on GPU, "splash_tpu" on TPU,
 "xla" elsewhere. A kernel that cannot run (its import fails, another backend, an older GPU, a
 head width its tiles cannot take, or its one-time self-check on the device fails: it does not
@@ -80,7 +80,7 @@ def _self_check(impl: str) -> Optional[str]:
   """See `_probe_error`."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from logrerank_jax.models import modernbert  # pylint: disable=g-import-not-at-top
+  from logrerank_jax.models.encoders import modernbert  # pylint: disable=g-import-not-at-top
   kernel = {"pallas_gpu": modernbert.pallas_attention,
             "splash_tpu": modernbert.splash_attention}[impl]
   length = 256
@@ -133,7 +133,7 @@ def unavailable_reason(impl: str, backend: str, head_dim: int) -> Optional[str]:
     cc = gpu_compute_capability()
     if cc is None or cc < _MIN_COMPUTE_CAPABILITY:
       return f"it needs a CUDA GPU of compute capability >= 8.0, found {cc}"
-    from logrerank_jax.models import pallas_attention  # pylint: disable=g-import-not-at-top
+    from logrerank_jax.models.attention import pallas_gpu as pallas_attention  # pylint: disable=g-import-not-at-top
     reason = pallas_attention.unsupported_reason(head_dim)
     if reason:
       return reason

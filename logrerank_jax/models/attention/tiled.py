@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 # Re-exported: the layout check the window blocks rely on (one implementation, with the schedules).
-from logrerank_jax.models.block_schedule import positions_follow_tokens  # pylint: disable=unused-import
+from logrerank_jax.models.attention.block_schedule import positions_follow_tokens  # pylint: disable=unused-import
 
 _NEG = float(np.finfo(np.float32).min)
 # Largest float32 logits tile (bytes of [heads, Lq, Lk]) one map step computes: heads are grouped

@@ -1,9 +1,9 @@
 """Encoder forward and train-step throughput: Flax ModernBERT vs transformers' ModernBertModel.
 
-  python -m benchmarks.encoder --suite encoder --size small --threads 2 --json enc.json
-  python -m benchmarks.encoder --suite train_step --size small --threads 2 --json train.json
-  python -m benchmarks.encoder --suite kernels --size small --threads 2 --json kernels.json
-  python -m benchmarks.encoder --suite encoder --size base --queries 2 --passages 12
+  python -m logrerank_bench.encoder --suite encoder --size small --threads 2 --json enc.json
+  python -m logrerank_bench.encoder --suite train_step --size small --threads 2 --json train.json
+  python -m logrerank_bench.encoder --suite kernels --size small --threads 2 --json kernels.json
+  python -m logrerank_bench.encoder --suite encoder --size base --queries 2 --passages 12
 
 Inputs are real ScholarQABench text: for each of the first `queries` records of each file, the
 query with `passages` gold passages of that file (its own first, then the following records'),
@@ -11,7 +11,7 @@ as `[CLS] query [SEP] passage [SEP]` cross-encoder sequences, tokenised by a det
 WordPiece tokenizer trained on that text. Every contender gets exactly the same sequences (the
 suite checks it) and is credited with the same real tokens; padding is never counted as work.
 
-Contenders, all timed interleaved (`benchmarks.protocol.interleaved`) in one process with the
+Contenders, all timed interleaved (`logrerank_bench.protocol.interleaved`) in one process with the
 same thread count:
   flax_<impl>           our packed rows (`pack_queries`, row length chosen below), jit.
   torch_sorted_bs<N>    ModernBertModel, attn_implementation="sdpa", sequences sorted by
@@ -33,9 +33,9 @@ attention over the row + local attention over the window)). The table of candida
 JSON. It is a user setting (`PackingConfig.row_len`), not a trick: the row length only decides
 how sequences share rows.
 
-Only public library API is used: `logrerank_jax.models.modernbert.{ModernBertConfig,
+Only public library API is used: `logrerank_jax.models.encoders.modernbert.{ModernBertConfig,
 ModernBertEncoder}`, `logrerank_jax.data.packing`, `logrerank_jax.data.tokenization`,
-`logrerank_jax.data.scholarqabench` and `logrerank_jax.convert.modernbert_params_from_torch`.
+`logrerank_jax.datasets.scholarqabench` and `logrerank_jax.convert.modernbert_params_from_torch`.
 """
 
 import argparse
@@ -68,7 +68,7 @@ ROW_LEN_CANDIDATES = tuple(range(512, 1025, 64))
 def encoder_config(size: str, vocab_size: int, attention_impl: str = "xla"):
   """ModernBERT-base, the 'small' shrink of it (same layer pattern and 128-token window), or the
   smoke tests' 'tiny' one (3 layers, global attention every 2nd, a 16-token window)."""
-  from logrerank_jax.models.modernbert import ModernBertConfig  # pylint: disable=g-import-not-at-top
+  from logrerank_jax.models.encoders.modernbert import ModernBertConfig  # pylint: disable=g-import-not-at-top
   if size == "base":
     cfg = ModernBertConfig(vocab_size=max(vocab_size, 50368), pad_token_id=0)
   elif size == "small":
@@ -86,7 +86,7 @@ def encoder_config(size: str, vocab_size: int, attention_impl: str = "xla"):
 def load_queries(files: Sequence[str], queries: int, passages: int):
   """Cross-encoder inputs from ScholarQABench files, and all their text (for the tokenizer)."""
   from logrerank_jax.data.packing import QueryInput  # pylint: disable=g-import-not-at-top
-  from logrerank_jax.data.scholarqabench import read_scholarqabench  # pylint: disable=g-import-not-at-top
+  from logrerank_jax.datasets.scholarqabench import read_scholarqabench  # pylint: disable=g-import-not-at-top
   out, texts = [], []
   for f in files:
     recs = read_scholarqabench(f)
@@ -212,7 +212,7 @@ def attention_free_forward(fn, *example_args, **jit_kwargs):
   """
   import jax  # pylint: disable=g-import-not-at-top
   from unittest import mock  # pylint: disable=g-import-not-at-top
-  from logrerank_jax.models import modernbert  # pylint: disable=g-import-not-at-top
+  from logrerank_jax.models.encoders import modernbert  # pylint: disable=g-import-not-at-top
   values = lambda q, k, v, *rest: v
   # A fresh wrapper: jax.jit caches traces by function, so jitting `fn` itself here would let a
   # later plain `jax.jit(fn)` reuse this attention-free trace (and the other way round).
@@ -256,8 +256,8 @@ def encoder_suite(size: str = "small", threads: Optional[int] = None, reps: int 
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   import torch  # pylint: disable=g-import-not-at-top
-  from benchmarks import protocol  # pylint: disable=g-import-not-at-top
-  from logrerank_jax.models.modernbert import ModernBertEncoder  # pylint: disable=g-import-not-at-top
+  from logrerank_bench import protocol  # pylint: disable=g-import-not-at-top
+  from logrerank_jax.models.encoders.modernbert import ModernBertEncoder  # pylint: disable=g-import-not-at-top
 
   _set_torch_threads(threads)
   _, _, cfg, choice, batch, info, seqs = _prepare(size, files, queries, passages, row_len, log=log)
@@ -359,8 +359,8 @@ def train_step_suite(size: str = "small", threads: Optional[int] = None, reps: i
   import numpy as np  # pylint: disable=g-import-not-at-top
   import optax  # pylint: disable=g-import-not-at-top
   import torch  # pylint: disable=g-import-not-at-top
-  from benchmarks import protocol  # pylint: disable=g-import-not-at-top
-  from logrerank_jax.models.modernbert import ModernBertEncoder  # pylint: disable=g-import-not-at-top
+  from logrerank_bench import protocol  # pylint: disable=g-import-not-at-top
+  from logrerank_jax.models.encoders.modernbert import ModernBertEncoder  # pylint: disable=g-import-not-at-top
 
   _set_torch_threads(threads)
   _, _, cfg, choice, batch, info, seqs = _prepare(size, files, queries, passages, row_len, impl,
@@ -488,8 +488,8 @@ def kernels_suite(size: str = "small", threads: Optional[int] = None, reps: int 
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   import torch  # pylint: disable=g-import-not-at-top
-  from benchmarks import protocol  # pylint: disable=g-import-not-at-top
-  from logrerank_jax.models.modernbert import tiled_attention  # pylint: disable=g-import-not-at-top
+  from logrerank_bench import protocol  # pylint: disable=g-import-not-at-top
+  from logrerank_jax.models.encoders.modernbert import tiled_attention  # pylint: disable=g-import-not-at-top
 
   _set_torch_threads(threads)
   _, _, cfg, choice, batch, _, _ = _prepare(size, files, queries, passages, row_len, log=log)
@@ -610,7 +610,7 @@ def main(argv=None):
     os.environ["XLA_FLAGS"] = args.xla_flags
   elif "XLA_FLAGS" not in os.environ:
     os.environ["XLA_FLAGS"] = DEFAULT_XLA_FLAGS
-  from benchmarks import protocol  # pylint: disable=g-import-not-at-top
+  from logrerank_bench import protocol  # pylint: disable=g-import-not-at-top
   threads = protocol.set_threads(args.threads)
   import torch  # pylint: disable=g-import-not-at-top
   torch.set_num_threads(threads)

@@ -15,8 +15,8 @@ import urllib.error
 import urllib.request
 from typing import Any, Callable, Optional, Sequence
 
-from logrerank_jax.data.construction import prompts
-from logrerank_jax.data.construction.extract import Instance
+from logrerank_jax.datasets.construction import prompts
+from logrerank_jax.datasets.construction.extract import Instance
 from logrerank_jax.errors import DataError
 
 CHAT_URL = "/v1/chat/completions"

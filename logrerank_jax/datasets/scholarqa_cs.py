@@ -32,7 +32,7 @@ import json
 import os
 from typing import Optional, Sequence
 
-from logrerank_jax.data.bm25 import BM25Index
+from logrerank_jax.datasets.bm25 import BM25Index
 from logrerank_jax.errors import ConfigError, DataError
 
 DEFAULT_MAX_GOLD = 25

@@ -30,7 +30,7 @@ import numpy as np
 from logrerank_jax import compilation
 from logrerank_jax.errors import CheckpointError, DataError
 from logrerank_jax.models import log_reranker as lr
-from logrerank_jax.serving.prior_cache import DEFAULT_MAX_SEGMENTS, PriorCache, uses_split_prior
+from logrerank_jax.engine.prior_cache import DEFAULT_MAX_SEGMENTS, PriorCache, uses_split_prior
 
 
 def check_param_shapes(params, cfg: lr.LoGConfig) -> None:

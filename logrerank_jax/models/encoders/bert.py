@@ -30,10 +30,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from logrerank_jax.errors import ConfigError, LogRerankError
-from logrerank_jax.models import attention_dispatch
-from logrerank_jax.models.hf_common import (ACTIVATIONS, get_activation, init_module_params,
+from logrerank_jax.models.attention import dispatch as attention_dispatch
+from logrerank_jax.models.encoders.hf_common import (ACTIVATIONS, get_activation, init_module_params,
                                             read_hf_config)
-from logrerank_jax.models.modernbert import (
+from logrerank_jax.models.encoders.modernbert import (
     LayerNorm,
     default_segments_and_positions,
     dispatch_attention,
@@ -55,7 +55,7 @@ class BertConfig:
   every position id before the position-embedding lookup (0 for BERT, pad_token_id + 1 for
   RoBERTa / XLM-R). `classifier_dropout` None means `hidden_dropout_prob`, as in transformers.
   `dtype` is the compute dtype; params stay float32. `attention_impl` chooses how attention is
-  computed, as `ModernBertConfig.attention_impl` does (`models/attention_dispatch.py`): "auto" is
+  computed, as `ModernBertConfig.attention_impl` does (`models/attention/dispatch.py`): "auto" is
   the tiled path on CPU (a MiniLM forward over 128 rows of 256 tokens, 2 cores: 8.0-9.2 s against
   14.9-16.0 s for "xla", four runs each; LoG's whole inference 1.2x faster, since the encoder's
   dense layers take the rest), the block-skipping kernels on GPU and TPU; every path is exact on

@@ -13,8 +13,8 @@ from logrerank_jax.data.inference_input import InferenceRecord
 from logrerank_jax.graph.context import log_context
 from logrerank_jax.results import QueryScores
 from logrerank_jax.schema import NUM_ROLES
-from logrerank_jax.serving.engine import Engine
-from logrerank_jax.serving.planner import Planner
+from logrerank_jax.engine.device import Engine
+from logrerank_jax.engine.planner import Planner
 
 
 def local_nodes(engine: Engine, planner: Planner, records: Sequence[InferenceRecord],

@@ -31,11 +31,11 @@ from logrerank_jax.models import log_reranker as lr
 from logrerank_jax.models.model_folder import load_model, read_info, resolve_model_dir
 from logrerank_jax.results import (QueryScores, RankedResults, RecordError, Result, make_result,
                                    ranked_results, record_error)
-from logrerank_jax.serving import pipeline
-from logrerank_jax.serving.engine import Engine
-from logrerank_jax.serving.planner import DEFAULT_LOCAL_SLOTS, Planner, default_packing_config
-from logrerank_jax.serving.prior_cache import DEFAULT_MAX_SEGMENTS
-from logrerank_jax.serving.scorer import score_group
+from logrerank_jax.engine import pipeline
+from logrerank_jax.engine.device import Engine
+from logrerank_jax.engine.planner import DEFAULT_LOCAL_SLOTS, Planner, default_packing_config
+from logrerank_jax.engine.prior_cache import DEFAULT_MAX_SEGMENTS
+from logrerank_jax.engine.scorer import score_group
 
 
 class Reranker:

@@ -1,13 +1,13 @@
 """One prepared accelerator run: every figure of issue 25 in one process and one JSON.
 
-  python -m benchmarks.device_run --size base --dtype bfloat16 --data runs/gpu_carry/data \
+  python -m logrerank_bench.device_run --size base --dtype bfloat16 --data runs/gpu_carry/data \
       --json gpu.json                                  # on the GPU (tools/benchmark_gpu.sh)
-  LOGRERANK_PALLAS_INTERPRET=1 python -m benchmarks.device_run --size tiny --attention-impl \
+  LOGRERANK_PALLAS_INTERPRET=1 python -m logrerank_bench.device_run --size tiny --attention-impl \
       pallas_gpu --json dry.json                       # CPU rehearsal (--dry-run of the script)
 
 Sections, in this order (the JSON is rewritten after each, so a run cut short keeps what it
 measured; JAX's peak memory only grows, so inference comes before training):
-  attention_work  `benchmarks.attention_work`: attention_work_efficiency per path.
+  attention_work  `logrerank_bench.attention_work`: attention_work_efficiency per path.
   log             LoG per 50-passage query on real pools, one query per call: device ms of one
                   `log_forward` jit (bf16 inference params, `models/precision.py`), host ms
                   (split, tokenise, pack), end-to-end ms through `logrerank_jax.Reranker`; JAX
@@ -19,7 +19,7 @@ measured; JAX's peak memory only grows, so inference comes before training):
   train           local-stage training cost: encoder + scalar head on mean pooling, forward,
                   backward and AdamW in one jit (float32 master params, compute dtype as --dtype,
                   state donated), tokens/s; torch: the same with autocast and torch.optim.AdamW.
-Timings: `benchmarks.protocol.interleaved` (Flax and torch alternate), median and spread.
+Timings: `logrerank_bench.protocol.interleaved` (Flax and torch alternate), median and spread.
 """
 
 import argparse
@@ -62,7 +62,7 @@ class DeviceRun:
     import jax  # pylint: disable=g-import-not-at-top
     import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
     import torch  # pylint: disable=g-import-not-at-top
-    from benchmarks import suites as bm  # pylint: disable=g-import-not-at-top
+    from logrerank_bench import suites as bm  # pylint: disable=g-import-not-at-top
     self.args, self.bm = args, bm
     self.dtype = jnp.bfloat16 if args.dtype == "bfloat16" else jnp.float32
     self.torch_device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -116,7 +116,7 @@ class DeviceRun:
 
   # --------------------------------------------------------------------------- sections
   def attention_work(self) -> Dict[str, Any]:
-    from benchmarks.attention_work import attention_work_suite  # pylint: disable=g-import-not-at-top
+    from logrerank_bench.attention_work import attention_work_suite  # pylint: disable=g-import-not-at-top
     out = attention_work_suite(self.pools, self.tokenizer, self.args.size,
                                row_lens=(self.bm.row_len_for(self.args.size), 2048))
     self.results["attention_work_efficiency"] = out["attention_work_efficiency"]
@@ -134,7 +134,7 @@ class DeviceRun:
     import numpy as np  # pylint: disable=g-import-not-at-top
     import torch  # pylint: disable=g-import-not-at-top
     import logrerank_jax  # pylint: disable=g-import-not-at-top
-    from benchmarks import protocol  # pylint: disable=g-import-not-at-top
+    from logrerank_bench import protocol  # pylint: disable=g-import-not-at-top
     from logrerank_jax.models import log_reranker as lr  # pylint: disable=g-import-not-at-top
     from logrerank_jax.models.precision import log_params_for_inference  # pylint: disable=g-import-not-at-top
     bm = self.bm
@@ -209,8 +209,8 @@ class DeviceRun:
     """Encoder tokens/s and MFU, resolved attention path and "xla", vs torch sdpa."""
     import jax  # pylint: disable=g-import-not-at-top
     import torch  # pylint: disable=g-import-not-at-top
-    from benchmarks import protocol  # pylint: disable=g-import-not-at-top
-    from logrerank_jax.models import modernbert as mb  # pylint: disable=g-import-not-at-top
+    from logrerank_bench import protocol  # pylint: disable=g-import-not-at-top
+    from logrerank_jax.models.encoders import modernbert as mb  # pylint: disable=g-import-not-at-top
     from logrerank_jax.models.precision import encoder_params_for_inference  # pylint: disable=g-import-not-at-top
     bm = self.bm
     enc_cfg = self.log_config().local.encoder
@@ -258,8 +258,8 @@ class DeviceRun:
     import numpy as np  # pylint: disable=g-import-not-at-top
     import optax  # pylint: disable=g-import-not-at-top
     import torch  # pylint: disable=g-import-not-at-top
-    from benchmarks import protocol  # pylint: disable=g-import-not-at-top
-    from logrerank_jax.models import modernbert as mb  # pylint: disable=g-import-not-at-top
+    from logrerank_bench import protocol  # pylint: disable=g-import-not-at-top
+    from logrerank_jax.models.encoders import modernbert as mb  # pylint: disable=g-import-not-at-top
     bm = self.bm
     enc_cfg = self.log_config().local.encoder
     _, packed = self.packed()

@@ -25,7 +25,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from logrerank_jax.models.block_schedule import (SPLASH_BLOCK, pad_to_blocks,
+from logrerank_jax.models.attention.block_schedule import (SPLASH_BLOCK, pad_to_blocks,
                                                   positions_follow_tokens, real_neighbours)
 
 DEFAULT_BLOCK = SPLASH_BLOCK  # multiples of the TPU's 128 lanes are required
@@ -98,7 +98,7 @@ def splash_attention(q, k, v, segment_ids, position_ids, window: Optional[int],
   Returns:
     [B, L, H, Dh] in q's dtype.
   """
-  from logrerank_jax.models import modernbert  # pylint: disable=g-import-not-at-top
+  from logrerank_jax.models.encoders import modernbert  # pylint: disable=g-import-not-at-top
   l = q.shape[1]
   window = None if window is None else int(window)
   # Splash has no softmax scale: scale q (exact for head_dim a power of 4, e.g. 64 -> 1/8).

@@ -27,12 +27,12 @@ import os
 from typing import Any, Optional, Sequence
 
 from logrerank_jax.data import records as records_lib
-from logrerank_jax.data.construction import requests as requests_lib
-from logrerank_jax.data.construction.extract import Instance
-from logrerank_jax.data.construction.extract import iter_jsonl
-from logrerank_jax.data.construction.lenient_json import loads_lenient
-from logrerank_jax.data.construction.roles import RoleAnnotator
-from logrerank_jax.data.construction.stats import ConstructionStats
+from logrerank_jax.datasets.construction import requests as requests_lib
+from logrerank_jax.datasets.construction.extract import Instance
+from logrerank_jax.datasets.construction.extract import iter_jsonl
+from logrerank_jax.datasets.construction.lenient_json import loads_lenient
+from logrerank_jax.datasets.construction.roles import RoleAnnotator
+from logrerank_jax.datasets.construction.stats import ConstructionStats
 from logrerank_jax.errors import DataError
 
 # Defect kinds, in report order.

@@ -1,6 +1,6 @@
 """Serving load test: `tools/serve.py` under N concurrent clients against the in-process engine.
 
-  python -m benchmarks.serving --checkpoint runs/demo/global [--clients 16] [--requests 48] \
+  python -m logrerank_bench.serving --checkpoint runs/demo/global [--clients 16] [--requests 48] \
       [--reps 3] [--json serving.json]
   (or: python tools/benchmark.py --suite serving --checkpoint runs/demo/global)
 
@@ -44,7 +44,7 @@ DEMO = REPO / "logrerank_jax" / "demo_data" / "paragraphs"
 
 def demo_requests(n: int) -> List[dict]:
   """n OpenScholar records: the demo's 50-paragraph test pools, cycled."""
-  from logrerank_jax.data.pools import expand_pools  # pylint: disable=g-import-not-at-top
+  from logrerank_jax.data.pool_files import expand_pools  # pylint: disable=g-import-not-at-top
   read = lambda p: [json.loads(ln) for ln in p.read_text().splitlines() if ln.strip()]  # noqa: E731
   pools = expand_pools(read(DEMO / "test_pools.jsonl"), read(DEMO / "corpus.jsonl"))
   return [dict(pools[i % len(pools)], id=f"r{i}") for i in range(n)]
@@ -159,7 +159,7 @@ def serving_suite(checkpoint: str, clients: int = 16, num_requests: int = 48, re
   engine compiled.
   """
   import logrerank_jax  # pylint: disable=g-import-not-at-top
-  from logrerank_jax import inference  # pylint: disable=g-import-not-at-top
+  from logrerank_jax import engine as inference  # pylint: disable=g-import-not-at-top
   cache = inference.enable_compilation_cache(inference.default_compilation_cache_dir())
   records = demo_requests(num_requests)
   bodies = [cohere_body(r) for r in records]
@@ -232,7 +232,7 @@ def serving_suite(checkpoint: str, clients: int = 16, num_requests: int = 48, re
                                    - server.info["compile_stats"]["xla_compilations"]),
       "load_average_before": list(load_before), "load_average_after": list(os.getloadavg()),
   }
-  # Load above half the CPUs skews every figure (benchmarks/protocol.py's rule).
+  # Load above half the CPUs skews every figure (logrerank_bench/protocol.py's rule).
   out["reliable"] = max(load_before[0], out["load_average_after"][0]) <= (os.cpu_count() or 1) / 2
   return out
 

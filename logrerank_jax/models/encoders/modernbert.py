@@ -21,15 +21,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from logrerank_jax.errors import ConfigError, LogRerankError
-from logrerank_jax.models import attention_dispatch
-from logrerank_jax.models.hf_common import (ACTIVATIONS, get_activation, init_module_params,
+from logrerank_jax.models.attention import dispatch as attention_dispatch
+from logrerank_jax.models.encoders.hf_common import (ACTIVATIONS, get_activation, init_module_params,
                                             read_hf_config)
-from logrerank_jax.models.pallas_attention import pallas_attention
-from logrerank_jax.models.splash import splash_attention
+from logrerank_jax.models.attention.pallas_gpu import pallas_attention
+from logrerank_jax.models.attention.splash_tpu import splash_attention
 # Re-exported: the tiled kernel and its layout check are part of this module's API.
-from logrerank_jax.models.tiled_attention import positions_follow_tokens, tiled_attention  # pylint: disable=unused-import
+from logrerank_jax.models.attention.tiled import positions_follow_tokens, tiled_attention  # pylint: disable=unused-import
 # The neighbour-block view and the segment/window mask shared with the tiled kernel.
-from logrerank_jax.models.tiled_attention import _neighbours, _tile_mask  # pylint: disable=protected-access
+from logrerank_jax.models.attention.tiled import _neighbours, _tile_mask  # pylint: disable=protected-access
 
 FULL_ATTENTION = "full_attention"
 SLIDING_ATTENTION = "sliding_attention"
@@ -58,14 +58,14 @@ class ModernBertConfig:
   requires positions that step by 1 inside a segment (as packing produces); "tiled" (fastest
   on CPU, exact for any layout) computes one (row, head group) tile at a time, global layers
   over the row and window layers over neighbouring blocks when `positions_follow_tokens` holds
-  (checked at run time), with a flash-attention backward pass (`models/tiled_attention.py`).
+  (checked at run time), with a flash-attention backward pass (`models/attention/tiled.py`).
   "tiled" loops over rows x head groups, so it is not for GPUs. "pallas_gpu" (GPU) is a
   block-skipping flash-attention kernel that only visits the key blocks of each segment (and
-  window) (`models/pallas_attention.py`); "splash_tpu" (TPU) is JAX's splash attention
-  (`models/splash.py`). "auto" (the default) is "tiled" on the CPU backend, "pallas_gpu" on GPU
+  window) (`models/attention/pallas_gpu.py`); "splash_tpu" (TPU) is JAX's splash attention
+  (`models/attention/splash_tpu.py`). "auto" (the default) is "tiled" on the CPU backend, "pallas_gpu" on GPU
   and "splash_tpu" on TPU, decided when the model is traced (`resolved_attention_impl`); a kernel
   that cannot run there falls back to the backend's XLA path with one logged warning
-  (`models/attention_dispatch.py`). With attention dropout active (training with
+  (`models/attention/dispatch.py`). With attention dropout active (training with
   `attention_dropout > 0`), the "tiled", "pallas_gpu" and "splash_tpu" paths use the reference
   path, which applies the dropout.
   `layer_types` is the source of truth; `global_attn_every_n_layers` only derives it when

@@ -6,7 +6,7 @@ layer type
   needed   = the query x key pairs the mask keeps (real queries x keys of their own segment, and
              within +-window positions on window layers),
   computed = the pairs the path forms, from its own schedule
-             (`logrerank_jax.models.block_schedule.computed_pairs`): every [L, L] logit for
+             (`logrerank_jax.models.attention.block_schedule.computed_pairs`): every [L, L] logit for
              "xla"; neighbouring window blocks for "blocked"/"tiled" on window layers; the visited
              key blocks of the block-skipping GPU kernel for "pallas_gpu" at each block size; the
              blocks splash's static mask keeps for "splash_tpu".
@@ -18,10 +18,10 @@ on any machine, no accelerator needed. Forward work; the backward passes of "til
 
 from typing import Any, Dict, Optional, Sequence
 
-from benchmarks import suites as bm
+from logrerank_bench import suites as bm
 from logrerank_jax.data.packing import PackingConfig, pack_queries
-from logrerank_jax.models import modernbert as mb
-from logrerank_jax.models.block_schedule import (GPU_BLOCK, SPLASH_BLOCK, computed_pairs,
+from logrerank_jax.models.encoders import modernbert as mb
+from logrerank_jax.models.attention.block_schedule import (GPU_BLOCK, SPLASH_BLOCK, computed_pairs,
                                                   needed_pairs)
 
 # Block sizes counted for the GPU kernel (queries = keys) and for splash.

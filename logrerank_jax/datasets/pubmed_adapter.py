@@ -47,9 +47,9 @@ import re
 from typing import Optional, Sequence
 
 from logrerank_jax.data import records as records_lib
-from logrerank_jax.data.bm25 import BM25Index
-from logrerank_jax.data.bm25 import bm25_tokenize
-from logrerank_jax.data.scholarqabench import read_scholarqabench
+from logrerank_jax.datasets.bm25 import BM25Index
+from logrerank_jax.datasets.bm25 import bm25_tokenize
+from logrerank_jax.datasets.scholarqabench import read_scholarqabench
 from logrerank_jax.data.sentences import split_sentence_texts
 from logrerank_jax.errors import DataError
 

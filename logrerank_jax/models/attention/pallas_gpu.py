@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from logrerank_jax.models.block_schedule import (GPU_BLOCK, block_bounds, pad_to_blocks,
+from logrerank_jax.models.attention.block_schedule import (GPU_BLOCK, block_bounds, pad_to_blocks,
                                                   token_key_ranges)
 
 DEFAULT_BLOCK_Q = DEFAULT_BLOCK_K = GPU_BLOCK  # see block_schedule.GPU_BLOCK

@@ -22,8 +22,8 @@ import os
 import re
 from typing import Protocol, Sequence
 
-from logrerank_jax.data.pubmed_adapter import UNIFORM_ROLE
-from logrerank_jax.data.pubmed_adapter import section_role
+from logrerank_jax.datasets.pubmed_adapter import UNIFORM_ROLE
+from logrerank_jax.datasets.pubmed_adapter import section_role
 from logrerank_jax.errors import DataError
 
 Role = tuple[float, float, float]

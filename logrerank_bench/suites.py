@@ -23,21 +23,21 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from benchmarks.protocol import block
+from logrerank_bench.protocol import block
 from logrerank_jax.convert import modernbert_params_from_torch
 from logrerank_jax.data import sentences
 from logrerank_jax.data.packing import PackingConfig, QueryInput, pack_queries
-from logrerank_jax.data.pools import build_eval_pools
+from logrerank_jax.datasets.pools import build_eval_pools
 from logrerank_jax.data.records import validate_training_file
-from logrerank_jax.data.scholarqabench import read_scholarqabench
+from logrerank_jax.datasets.scholarqabench import read_scholarqabench
 from logrerank_jax.data.sentences import split_sentence_texts
 from logrerank_jax.data.tokenization import train_wordpiece_tokenizer
 from logrerank_jax.errors import ConfigError, DataError, LogRerankError
 import logrerank_jax
-from logrerank_jax import inference
+from logrerank_jax import engine as inference
 from logrerank_jax import losses
 from logrerank_jax.models import log_reranker as lr
-from logrerank_jax.models import modernbert as mb
+from logrerank_jax.models.encoders import modernbert as mb
 
 # Paper, Table 10 (inference on one GPU, 50 passages per query).
 PAPER_TABLE10 = {"local_params": 149.85e6, "global_params": 2.67e6, "total_params": 152.52e6,
@@ -397,7 +397,7 @@ def pipeline_suite(pools: Sequence[dict], tokenizer, size: str, num_passages: Op
                          "log_tokens_per_query": float(np.mean([r["real_tokens"] for r in recs])),
                          "ce_tokens_per_query": float(np.mean([r["ce_real_tokens"] for r in recs])),
                          "warmup_s": warm, "warmup_compilations": cc.count,
-                         "engine_used": ("logrerank_jax.inference.Reranker (key 'engine')"
+                         "engine_used": ("logrerank_jax.engine.Reranker (key 'engine')"
                                          if reranker else "staged jits + log_forward only")}
   for key in ("split_s", "pack_s", "host_s", "encoder_s", "global_s", "log_staged_s",
               "log_fused_s", "ce_host_s", "ce_device_s", "ce_s", "engine_s"):
@@ -604,7 +604,7 @@ def recompile_suite(pools: Sequence[dict], tokenizer, size: str, num_queries: in
          "run_distinct_shapes": len(run_shapes),
          "run_shapes_not_warmed": len(run_shapes - set(warm_set)),
          "run_compilations": after.count, "run_s": run_s,
-         "engine_used": "logrerank_jax.inference.Reranker" if reranker else "jit(log_forward)"}
+         "engine_used": "logrerank_jax.engine.Reranker" if reranker else "jit(log_forward)"}
   if reranker is not None:
     out["engine_compile_stats"] = reranker.compile_stats()
   log(f"recompile {size}: warm-up {warm.count} compilations over {len(warm_set)} shapes, "

@@ -1,0 +1,1 @@
+"""The `logrerank` console command (train, rerank, evaluate, serve, convert)."""
