@@ -18,7 +18,7 @@ on any machine, no accelerator needed. Forward work; the backward passes of "til
 
 from typing import Any, Dict, Optional, Sequence
 
-from logrerank_bench import suites as bm
+from logrerank_bench.common import encoder_config, pool_query
 from logrerank_jax.data.packing import PackingConfig, pack_queries
 from logrerank_jax.models.encoders import modernbert as mb
 from logrerank_jax.models.attention.block_schedule import (GPU_BLOCK, SPLASH_BLOCK, computed_pairs,
@@ -85,14 +85,14 @@ def attention_work_suite(pools: Sequence[dict], tokenizer, size: str,
   length; the top-level `attention_work_efficiency` (path -> whole-encoder efficiency) is that
   of the paper's 1,024-token rows (or the first row length given, if 1,024 is not among them).
   """
-  cfg = bm.encoder_config(size, len(tokenizer))
+  cfg = encoder_config(size, len(tokenizer))
   out: Dict[str, Any] = {"size": size, "queries": len(pools), "window": cfg.sliding_window,
                          "by_row_len": {}}
   for row_len in row_lens:
     pcfg = PackingConfig(row_len=row_len)
     batches, real, computed_tokens, seqs = [], 0, 0, 0
     for pool in pools:
-      b, info = pack_queries([bm.pool_query(pool, num_passages)], tokenizer, pcfg)
+      b, info = pack_queries([pool_query(pool, num_passages)], tokenizer, pcfg)
       batches.append(b)
       real += info.real_tokens
       computed_tokens += b.input_ids.size

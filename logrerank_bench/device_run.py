@@ -23,36 +23,16 @@ Timings: `logrerank_bench.protocol.interleaved` (Flax and torch alternate), medi
 """
 
 import argparse
-import dataclasses
 import json
-import os
-import pathlib
-import sys
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
+from logrerank_bench import protocol
+from logrerank_bench.defaults import SIZES, data_files
 
 
 def _gb(x: Optional[float]) -> Optional[float]:
   return None if x is None else x / 1e9
-
-
-def _torch_sorted_batches(seqs, batch_size: int, device: str, pad_id: int = 0):
-  """(ids, mask) torch batches of sequences sorted by length, each padded to its longest."""
-  import torch  # pylint: disable=g-import-not-at-top
-  order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
-  out = []
-  for i in range(0, len(order), batch_size):
-    members = [seqs[j] for j in order[i:i + batch_size]]
-    length = max(len(s) for s in members)
-    ids = torch.full((len(members), length), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(members), length), dtype=torch.long)
-    for r, s in enumerate(members):
-      ids[r, :len(s)] = torch.as_tensor(s.astype("int64"))
-      mask[r, :len(s)] = 1
-    out.append((ids.to(device), mask.to(device)))
-  return out
 
 
 class DeviceRun:
@@ -66,22 +46,20 @@ class DeviceRun:
     self.args, self.bm = args, bm
     self.dtype = jnp.bfloat16 if args.dtype == "bfloat16" else jnp.float32
     self.torch_device = "cuda" if torch.cuda.is_available() else "cpu"
-    files = [os.path.join(args.data, f) for f in ("scifact_test.jsonl", "pubmed_test.jsonl")
-             if os.path.exists(os.path.join(args.data, f))] if args.data else [
-                 str(REPO / "tests" / "data" / f) for f in ("scifact_slice.jsonl",
-                                                            "pubmed_slice.jsonl")]
+    files = data_files(args.data)
     self.pools = bm.load_pools(files, pool_size=args.passages, limit=args.queries)
     self.tokenizer = bm.benchmark_tokenizer(self.pools)
     self.start = time.perf_counter()
     self.results: Dict[str, Any] = {
-        "machine": bm.machine_info(), "args": vars(args), "data_files": files,
+        "machine": protocol.machine_info(load_average=True), "args": vars(args),
+        "data_files": files,
         "torch_device": self.torch_device, "peak_tflops": bm.peak_tflops(),
         "jax_backend": jax.default_backend()}
 
   def save(self):
     self.results["elapsed_s"] = time.perf_counter() - self.start
     if self.args.json:
-      self.bm.write_json(self.args.json, self.results)
+      protocol.write_json(self.args.json, self.results)
 
   def over_budget(self) -> bool:
     return bool(self.args.time_budget) and (
@@ -95,12 +73,7 @@ class DeviceRun:
   def torch_model(self, enc_cfg):
     """transformers' ModernBertModel (sdpa) with enc_cfg, on the torch device, in --dtype."""
     import torch  # pylint: disable=g-import-not-at-top
-    import transformers  # pylint: disable=g-import-not-at-top
-    torch.manual_seed(0)
-    hf = dict(enc_cfg.to_hf_dict())
-    hf.update(bos_token_id=None, eos_token_id=None, cls_token_id=None, sep_token_id=None)
-    model = transformers.ModernBertModel(
-        transformers.ModernBertConfig(**hf, attn_implementation="sdpa")).eval()
+    model = self.bm.torch_modernbert(enc_cfg)
     if self.args.dtype == "bfloat16":
       model = model.to(torch.bfloat16)
     return model.to(self.torch_device)
@@ -134,7 +107,6 @@ class DeviceRun:
     import numpy as np  # pylint: disable=g-import-not-at-top
     import torch  # pylint: disable=g-import-not-at-top
     import logrerank_jax  # pylint: disable=g-import-not-at-top
-    from logrerank_bench import protocol  # pylint: disable=g-import-not-at-top
     from logrerank_jax.models import log_reranker as lr  # pylint: disable=g-import-not-at-top
     from logrerank_jax.models.precision import log_params_for_inference  # pylint: disable=g-import-not-at-top
     bm = self.bm
@@ -147,20 +119,20 @@ class DeviceRun:
     reranker = logrerank_jax.Reranker(params, cfg, self.tokenizer, packing=pcfg,
                                       queries_per_batch=1)
     model = self.torch_model(cfg.local.encoder)
-    peers = [_torch_sorted_batches(bm.packed_sequences(b), self.args.torch_batch_size,
-                                   self.torch_device) for b, _ in packed]
+    peers = [bm.torch_batches(bm.packed_sequences(b), self.args.torch_batch_size,
+                              device=self.torch_device) for b, _ in packed]
 
     def run_torch(batches):
       with torch.inference_mode():
-        return [model(input_ids=i, attention_mask=m).last_hidden_state for i, m in batches]
+        return [model(input_ids=i, attention_mask=m).last_hidden_state for i, m, _ in batches]
 
     def host(pool):  # what the engine does per query before the device: split, tokenise, pack
-      bm.sentences.clear_cache()
+      bm.clear_split_cache()
       from logrerank_jax.data.packing import pack_queries  # pylint: disable=g-import-not-at-top
       return pack_queries([bm.pool_query(pool)], self.tokenizer, pcfg)
 
     def engine(pool):
-      bm.sentences.clear_cache()
+      bm.clear_split_cache()
       return bm.engine_rerank(reranker, pool, None)
 
     fns = {}
@@ -209,7 +181,6 @@ class DeviceRun:
     """Encoder tokens/s and MFU, resolved attention path and "xla", vs torch sdpa."""
     import jax  # pylint: disable=g-import-not-at-top
     import torch  # pylint: disable=g-import-not-at-top
-    from logrerank_bench import protocol  # pylint: disable=g-import-not-at-top
     from logrerank_jax.models.encoders import modernbert as mb  # pylint: disable=g-import-not-at-top
     from logrerank_jax.models.precision import encoder_params_for_inference  # pylint: disable=g-import-not-at-top
     bm = self.bm
@@ -229,11 +200,11 @@ class DeviceRun:
       f = jax.jit(lambda p, b, enc=enc: enc.apply({"params": p}, *(b[k] for k in keys)))
       fns[f"flax_{name}"] = lambda f=f: [f(params, b) for b in dev]
     model = self.torch_model(enc_cfg)
-    batches = _torch_sorted_batches(seqs, self.args.torch_batch_size, self.torch_device)
+    batches = bm.torch_batches(seqs, self.args.torch_batch_size, device=self.torch_device)
 
     def run_torch():
       with torch.inference_mode():
-        return [model(input_ids=i, attention_mask=m).last_hidden_state for i, m in batches]
+        return [model(input_ids=i, attention_mask=m).last_hidden_state for i, m, _ in batches]
 
     fns["torch_sdpa"] = run_torch
     for f in fns.values():
@@ -243,7 +214,7 @@ class DeviceRun:
     out = {"real_tokens": real, "sequences": len(seqs), "useful_tflop": flops / 1e12,
            "resolved_attention_impl": enc_cfg.resolved_attention_impl(),
            "computed_tokens": int(sum(b["input_ids"].size for b in dev)),
-           "torch_computed_tokens": int(sum(i.numel() for i, _ in batches)), "runs": {}}
+           "torch_computed_tokens": int(sum(i.numel() for i, _, _ in batches)), "runs": {}}
     for k, t in timing.items():
       s = t["median"]
       out["runs"][k] = {"s": s, "tokens_per_s": real / s,
@@ -258,7 +229,6 @@ class DeviceRun:
     import numpy as np  # pylint: disable=g-import-not-at-top
     import optax  # pylint: disable=g-import-not-at-top
     import torch  # pylint: disable=g-import-not-at-top
-    from logrerank_bench import protocol  # pylint: disable=g-import-not-at-top
     from logrerank_jax.models.encoders import modernbert as mb  # pylint: disable=g-import-not-at-top
     bm = self.bm
     enc_cfg = self.log_config().local.encoder
@@ -303,12 +273,12 @@ class DeviceRun:
     head = torch.nn.Linear(d, 1).to(self.torch_device)
     opt = torch.optim.AdamW(list(model.parameters()) + list(head.parameters()), lr=1e-5,
                             weight_decay=0.01)
-    tb = _torch_sorted_batches(seqs, self.args.torch_batch_size, self.torch_device)
+    tb = bm.torch_batches(seqs, self.args.torch_batch_size, device=self.torch_device)
     autocast = self.args.dtype == "bfloat16"
 
     def torch_step():
       loss = None
-      for ids, mask in tb:  # one optimiser step per batch: the same tokens as one Flax step
+      for ids, mask, _ in tb:  # one optimiser step per batch: the same tokens as one Flax step
         with torch.autocast(self.torch_device, dtype=torch.bfloat16, enabled=autocast):
           h = model(input_ids=ids, attention_mask=mask).last_hidden_state
           m = mask[..., None].to(h.dtype)
@@ -337,7 +307,7 @@ SECTIONS = ("attention_work", "log", "encoder", "train")
 def parse_args(argv=None):
   p = argparse.ArgumentParser(description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--size", default="base", choices=("tiny", "small", "base"))
+  p.add_argument("--size", default="base", choices=SIZES)
   p.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
   p.add_argument("--attention-impl", default="auto", help="ModernBertConfig.attention_impl")
   p.add_argument("--data", default="", help="folder with scifact_test.jsonl / pubmed_test.jsonl")
@@ -355,8 +325,6 @@ def parse_args(argv=None):
 
 def main(argv=None):
   args = parse_args(argv)
-  if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
   run = DeviceRun(args)
   for name in [s.strip() for s in args.sections.split(",") if s.strip()]:
     if name not in SECTIONS:

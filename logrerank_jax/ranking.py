@@ -6,7 +6,7 @@ ordered by that score, best first, ties by input order; a passage with no scored
 in input order.
 """
 
-from typing import List, Sequence
+from typing import List, Sequence, Tuple
 
 import numpy as np
 
@@ -52,3 +52,12 @@ def sentence_order(node_scores: Sequence[float]) -> List[int]:
   """Node indices by decreasing score, ties by node order (passage order, then sentence)."""
   s = np.asarray(node_scores, np.float64)
   return np.lexsort((np.arange(len(s)), -s)).tolist()
+
+
+def query_orders(node_passage: Sequence[int], node_scores: Sequence[float],
+                 num_passages: int) -> Tuple[List[int], List[int]]:
+  """A query's two rankings from its sentence scores, at once: node indices best first
+  (`sentence_order`), and passage indices best first by their best sentence with passages
+  without sentences last (`passage_order` of `run_file_passage_scores`)."""
+  return (sentence_order(node_scores),
+          passage_order(run_file_passage_scores(node_passage, node_scores, num_passages)))

@@ -198,7 +198,7 @@ def train_six(tmp_path_factory):
   """Six real training queries (36 passages) of the shipped demo data, three validation queries
   and a WordPiece tokenizer trained on the six: the data of every tiny training run
   (tests/test_training.py, tests/test_data_parallel.py), built once per test run."""
-  from logrerank_jax.data.tokenization import train_wordpiece_tokenizer
+  from logrerank_jax.datasets.wordpiece import train_wordpiece_tokenizer
   demo = pathlib.Path(__file__).resolve().parents[1] / "logrerank_jax" / "demo_data"
   d = tmp_path_factory.mktemp("train_six")
   lines = (demo / "train.jsonl").read_text().splitlines()[:6]

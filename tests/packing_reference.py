@@ -38,6 +38,36 @@ def reference_pack_queries(queries: Sequence[QueryInput], tokenizer,
   cls_id, sep_id, pad_id, unk_id = special_ids(tokenizer)
   row_len = cfg.row_len
 
+  encoded, query_tokens = _tokenize(queries, tokenizer, cfg)
+  sequences, passage_infos, query_truncated, nodes_per_query = _sequences(
+      queries, encoded, query_tokens, cfg, unk_id)
+
+  num_q = bucket_size(max(len(queries), 1), cfg.query_buckets, "query_buckets")
+  num_n = bucket_size(max([len(n) for n in nodes_per_query] + [1]), cfg.node_buckets, "node_buckets")
+
+  span_kind, span_query, span_node, seq_tokens, seq_spans, node_span = _span_table(
+      sequences, num_q, num_n, cls_id, sep_id)
+  row_items = _first_fit(seq_tokens, row_len)
+
+  num_r = bucket_size(max(len(row_items), 1), cfg.row_buckets, "row_buckets")
+  num_s = bucket_size(len(span_kind), cfg.span_buckets, "span_buckets")
+  arrays, real = _fill_rows(row_items, seq_tokens, seq_spans, num_r, row_len, pad_id)
+  node_passage, node_sentence = _node_tables(nodes_per_query, num_q, num_n)
+  batch = PackedBatch(
+      **arrays,
+      span_kind=_pad_table(span_kind, SPAN_NONE, num_s),
+      span_query=_pad_table(span_query, 0, num_s), span_node=_pad_table(span_node, -1, num_s),
+      node_passage=node_passage, node_sentence=node_sentence, node_mask=node_passage >= 0,
+      node_span=node_span, num_queries=len(queries))
+  info = PackInfo(
+      passages=tuple(passage_infos), query_truncated=tuple(query_truncated),
+      num_sequences=len(sequences), num_rows_used=len(row_items), real_tokens=real,
+      computed_tokens=num_r * row_len, row_len=row_len)
+  return batch, info
+
+
+def _tokenize(queries, tokenizer, cfg):
+  """(ids of every query and sentence in order, the queries' token lists)."""
   # One batched tokeniser call for all queries and sentences (much faster than one per string).
   texts: list[str] = [q.query for q in queries]
   for q in queries:
@@ -46,6 +76,13 @@ def reference_pack_queries(queries: Sequence[QueryInput], tokenizer,
         texts.append((" " + s) if (j > 0 and cfg.space_between_sentences) else s)
   encoded = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
   query_tokens = [list(t) for t in encoded[:len(queries)]]
+  return encoded, query_tokens
+
+
+def _sequences(queries, encoded, query_tokens, cfg, unk_id):
+  """(sequences, passage infos, query truncated flags, nodes per query): each passage's
+  sentences cut into windows, one sequence per window."""
+  row_len = cfg.row_len
   cursor = len(queries)
 
   # Sequences: (query index, query token list, list of (node n, token list)).
@@ -87,11 +124,11 @@ def reference_pack_queries(queries: Sequence[QueryInput], tokenizer,
       infos.append(PassagePackInfo(len(windows), tuple(truncated), tuple(empty)))
     passage_infos.append(tuple(infos))
     nodes_per_query.append(nodes)
+  return sequences, passage_infos, query_truncated, nodes_per_query
 
-  num_q = bucket_size(max(len(queries), 1), cfg.query_buckets, "query_buckets")
-  num_n = bucket_size(max([len(n) for n in nodes_per_query] + [1]), cfg.node_buckets, "node_buckets")
 
-  # Span table in creation order; each sequence's token ids and span ids.
+def _span_table(sequences, num_q, num_n, cls_id, sep_id):
+  """Span table in creation order; each sequence's token ids and span ids."""
   span_kind, span_query, span_node = [SPAN_NONE], [0], [-1]
   seq_tokens: list[np.ndarray] = []
   seq_spans: list[np.ndarray] = []
@@ -115,9 +152,12 @@ def reference_pack_queries(queries: Sequence[QueryInput], tokenizer,
     sids.append(0)
     seq_tokens.append(np.asarray(ids, np.int32))
     seq_spans.append(np.asarray(sids, np.int32))
+  return span_kind, span_query, span_node, seq_tokens, seq_spans, node_span
 
-  # First-fit decreasing: longest sequences first, each into the first row with room.
-  order = sorted(range(len(sequences)), key=lambda i: (-len(seq_tokens[i]), i))
+
+def _first_fit(seq_tokens, row_len):
+  """First-fit decreasing: longest sequences first, each into the first row with room."""
+  order = sorted(range(len(seq_tokens)), key=lambda i: (-len(seq_tokens[i]), i))
   row_free: list[int] = []
   row_items: list[list[int]] = []
   for i in order:
@@ -130,9 +170,11 @@ def reference_pack_queries(queries: Sequence[QueryInput], tokenizer,
     else:
       row_free.append(row_len - length)
       row_items.append([i])
+  return row_items
 
-  num_r = bucket_size(max(len(row_items), 1), cfg.row_buckets, "row_buckets")
-  num_s = bucket_size(len(span_kind), cfg.span_buckets, "span_buckets")
+
+def _fill_rows(row_items, seq_tokens, seq_spans, num_r, row_len, pad_id):
+  """(the PackedBatch token arrays by name, real tokens) of the rows' sequences."""
   input_ids = np.full((num_r, row_len), pad_id, np.int32)
   attention_mask = np.zeros((num_r, row_len), np.int32)
   segment_ids = np.zeros((num_r, row_len), np.int32)
@@ -150,12 +192,19 @@ def reference_pack_queries(queries: Sequence[QueryInput], tokenizer,
       span_ids[r, off:off + n] = seq_spans[i]
       off += n
     real += off
+  arrays = {"input_ids": input_ids, "attention_mask": attention_mask, "segment_ids": segment_ids,
+            "position_ids": position_ids, "span_ids": span_ids}
+  return arrays, real
 
-  def pad_table(values, fill):
-    out = np.full((num_s,), fill, np.int32)
-    out[:len(values)] = values
-    return out
 
+def _pad_table(values, fill, num_s):
+  out = np.full((num_s,), fill, np.int32)
+  out[:len(values)] = values
+  return out
+
+
+def _node_tables(nodes_per_query, num_q, num_n):
+  """(node_passage, node_sentence) of the nodes per query, -1 = padding."""
   node_passage = np.full((num_q, num_n), -1, np.int32)
   node_sentence = np.full((num_q, num_n), -1, np.int32)
   for qi, nodes in enumerate(nodes_per_query):
@@ -163,15 +212,4 @@ def reference_pack_queries(queries: Sequence[QueryInput], tokenizer,
       arr = np.asarray(nodes, np.int32)  # [n_q, 2]
       node_passage[qi, :len(nodes)] = arr[:, 0]
       node_sentence[qi, :len(nodes)] = arr[:, 1]
-  batch = PackedBatch(
-      input_ids=input_ids, attention_mask=attention_mask, segment_ids=segment_ids,
-      position_ids=position_ids, span_ids=span_ids,
-      span_kind=pad_table(span_kind, SPAN_NONE), span_query=pad_table(span_query, 0),
-      span_node=pad_table(span_node, -1),
-      node_passage=node_passage, node_sentence=node_sentence, node_mask=node_passage >= 0,
-      node_span=node_span, num_queries=len(queries))
-  info = PackInfo(
-      passages=tuple(passage_infos), query_truncated=tuple(query_truncated),
-      num_sequences=len(sequences), num_rows_used=len(row_items), real_tokens=real,
-      computed_tokens=num_r * row_len, row_len=row_len)
-  return batch, info
+  return node_passage, node_sentence

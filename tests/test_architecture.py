@@ -70,7 +70,6 @@ def test_public_face():
   for name in ("Reranker", "LoGConfig", "LoGReranker", "load_model", "save_model", "RankedResults",
                "LogRerankError", "DataError", "ConfigError", "CheckpointError"):
     assert name in logrerank_jax.__all__ and hasattr(logrerank_jax, name), name
-  assert logrerank_jax.Reranker.from_dir.__func__ is logrerank_jax.Reranker.from_pretrained.__func__
   assert "Reranker.from_pretrained" in logrerank_jax.__doc__
   # Every public name is what its module defines (the package resolves them on first use).
   from logrerank_jax import errors, models, results

@@ -20,6 +20,7 @@ import pytest
 from logrerank_jax.models.attention import block_schedule as bs
 from logrerank_jax.models.encoders import modernbert as mb
 from logrerank_jax.models.attention.pallas_gpu import pallas_attention
+from logrerank_jax.models.attention.reference import reference_attention
 from logrerank_jax.models.attention.splash_tpu import positions_are_contiguous, splash_attention
 
 L = 56  # not a multiple of the 16-token blocks: the kernel pads the rows
@@ -80,7 +81,7 @@ def _vjp_of(attention, window, **kw):
 
 
 def _reference(q, k, v, seg, pos, window):
-  return mb.reference_attention(q, k, v, seg, pos, window, lambda p: p)
+  return reference_attention(q, k, v, seg, pos, window, lambda p: p)
 
 
 def _compare(got, want, valid, atol, rtol_grad, what):

@@ -94,7 +94,7 @@ def test_encoder_suite_tiny_smoke():
 def test_kernels_suite_tiny_smoke():
   """Dense and attention kernels of both frameworks timed on the same inputs; the attention
   outputs agree (float32: the same logits and softmax in another order, <= 1e-5)."""
-  from logrerank_bench import encoder
+  from logrerank_bench import kernel_suite as encoder
   out = encoder.kernels_suite(size="tiny", reps=5, queries=1, passages=2, log=lambda _: None)
   assert set(out["xla_over_torch_time"]) == {
       "dense_float32", "dense_bfloat16", "attention_global", "attention_global_grad",
@@ -127,7 +127,7 @@ def test_attention_free_floor_mixes_no_tokens(impl):
 
 
 def test_train_step_suite_tiny_smoke():
-  from logrerank_bench import encoder
+  from logrerank_bench import train_step as encoder
   out = encoder.train_step_suite(size="tiny", reps=5, queries=1, passages=2, log=lambda _: None)
   for key in ("ratio_vs_torch", "ratio_ceiling_vs_torch"):
     r = out[key]

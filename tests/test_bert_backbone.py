@@ -32,7 +32,8 @@ from logrerank_jax.errors import ConfigError
 from logrerank_jax.models import config_io
 from logrerank_jax.models.encoders.bert import BertConfig
 from logrerank_jax.models.local_scorer import (LocalScorer, encoder_config_from_hf, encoder_family,
-                                               pair_token_types, score_batch)
+                                               score_batch)
+from logrerank_jax.models.spans import pair_token_types
 from logrerank_jax.models.log_reranker import LoGConfig, count_params
 from logrerank_jax.models.encoders.modernbert import ModernBertConfig
 from torch_init import randomise_normal as _randomise

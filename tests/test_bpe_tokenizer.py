@@ -22,7 +22,8 @@ from test_inference import PACKING, check_output, make_pools
 from logrerank_jax import Reranker
 from logrerank_jax.baselines import CrossEncoder, passage_string
 from logrerank_jax.data.packing import QueryInput, pack_queries
-from logrerank_jax.data.tokenization import FastTokenizer, load_tokenizer
+from logrerank_jax.data.fast_tokenizer import FastTokenizer
+from logrerank_jax.data.tokenization import load_tokenizer
 from logrerank_jax.models import log_reranker as lr
 from logrerank_jax.models.model_folder import save_model
 from torch_init import randomise_uniform_norms as _randomise

@@ -304,7 +304,7 @@ def log_on_bert(tiny):
   """(LoGConfig on the tiny BERT encoder, its random LoG params as NumPy)."""
   from logrerank_jax.data.packing import PackingConfig, QueryInput, pack_queries  # pylint: disable=g-import-not-at-top
   from logrerank_jax.models import log_reranker as lr  # pylint: disable=g-import-not-at-top
-  from logrerank_jax.data.tokenization import train_wordpiece_tokenizer  # pylint: disable=g-import-not-at-top
+  from logrerank_jax.datasets.wordpiece import train_wordpiece_tokenizer  # pylint: disable=g-import-not-at-top
   _, cfg, _, _ = tiny
   log_cfg = lr.LoGConfig.from_encoder(cfg.replace(num_labels=1), lr.LoGConfig.tiny(cfg.vocab_size))
   tok = train_wordpiece_tokenizer(["a b c d e f g h"], 60)

@@ -1,7 +1,6 @@
 """tools/convert_torch.py end to end: torch checkpoint -> model folder -> tools/rerank.py scores."""
 
 import dataclasses
-import importlib.util
 import json
 import os
 import pathlib
@@ -16,11 +15,12 @@ import torch
 import transformers
 
 import torch_reference as tr
+from logrerank_jax.cli import convert as convert_tool  # tools/convert_torch.py's module
 from logrerank_jax.data.packing import pack_for_model
 from logrerank_jax.convert import load_torch_state_dict, modernbert_params_from_torch
 from logrerank_jax.data.inference_input import parse_inference_record
 from logrerank_jax.data.packing import QueryInput
-from logrerank_jax.data.tokenization import train_wordpiece_tokenizer
+from logrerank_jax.datasets.wordpiece import train_wordpiece_tokenizer
 from logrerank_jax.engine import default_packing_config
 from logrerank_jax.models.config_io import load_log_config, save_log_config
 from logrerank_jax.models.log_reranker import LoGConfig
@@ -34,16 +34,6 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 PARITY_ATOL = 1e-5
 ROW_LEN = 128
 QUERIES_PER_BATCH = 2
-
-
-def _load_tool(name):
-  spec = importlib.util.spec_from_file_location(f"tool_{name}", ROOT / "tools" / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-convert_tool = _load_tool("convert_torch")
 
 
 def _run_cli(tool, *args):

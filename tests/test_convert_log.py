@@ -15,7 +15,7 @@ from logrerank_jax.convert import (apply_rename_table, load_torch_state_dict, lo
                                    log_params_from_torch, log_params_to_torch, parse_rename_table)
 from logrerank_jax.data.packing import PackingConfig, QueryInput
 from logrerank_jax.data.sentences import split_sentences
-from logrerank_jax.data.tokenization import train_wordpiece_tokenizer
+from logrerank_jax.datasets.wordpiece import train_wordpiece_tokenizer
 from logrerank_jax.errors import CheckpointError, ConfigError
 from logrerank_jax.graph.build import SIMILARITY_EDGE_TYPE
 from logrerank_jax.models.log_reranker import (LoGConfig, ablation, device_batch, init_params,

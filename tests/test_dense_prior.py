@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from logrerank_jax.data.packing import PackingConfig, QueryInput, pack_queries
-from logrerank_jax.data.tokenization import train_wordpiece_tokenizer
+from logrerank_jax.datasets.wordpiece import train_wordpiece_tokenizer
 from logrerank_jax.errors import ConfigError
 from logrerank_jax.models import config_io
 from logrerank_jax.models.encoders import bert as mbert

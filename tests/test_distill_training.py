@@ -35,7 +35,7 @@ def _config(stage, **overrides):
 def data(tmp_path_factory):
   """Three evidence queries (10 paragraphs each), a teacher file (one labelled, one teacher-only
   query), two 50-paragraph validation pools and a tokenizer."""
-  from logrerank_jax.data.tokenization import train_wordpiece_tokenizer
+  from logrerank_jax.datasets.wordpiece import train_wordpiece_tokenizer
   d = tmp_path_factory.mktemp("distill")
   lines = PARAS.joinpath("train.jsonl").read_text().splitlines()[:3]
   (d / "train.jsonl").write_text("\n".join(lines) + "\n")

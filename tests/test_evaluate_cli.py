@@ -1,6 +1,6 @@
 """`tools/evaluate.py` on real SciFact pools: BM25, a tiny HF cross-encoder, LoG local-only and full LoG."""
 
-import importlib.util
+import importlib
 import json
 import pathlib
 
@@ -17,11 +17,8 @@ K = 3  # pools of 5 candidates: a cut-off below the pool size, so the ordering m
 
 
 def load_tool():
-  """Import tools/evaluate.py as a module."""
-  spec = importlib.util.spec_from_file_location("evaluate_tool", ROOT / "tools" / "evaluate.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  """The module behind tools/evaluate.py and `logrerank evaluate`."""
+  return importlib.import_module("logrerank_jax.cli.evaluate")
 
 
 def make_hf_cross_encoder(directory, tokenizer):
@@ -95,7 +92,7 @@ def test_evaluate_prints_table_and_writes_runs(run, capsys):
     assert np.mean([r[f"ndcg@{K}"] for r in rows]) == pytest.approx(metrics[name][f"ndcg@{K}"])
 
   # Full LoG ranking == the passage ranking the reranker itself induces (first appearance).
-  rr = inference.Reranker.from_dir(model, row_len=128, queries_per_batch=2)  # as the CLI above
+  rr = inference.Reranker.from_pretrained(model, row_len=128, queries_per_batch=2)  # as the CLI above
   for pool, res in zip(pools, rr.rerank_records(pools)):
     row = next(r for r in per_query if r["system"] == "log" and r["qid"] == pool["id"])
     assert row["ranking"] == [pool["ctxs"][p]["id"] for p in res["passage_ranking"]][:K]

@@ -19,7 +19,6 @@ from logrerank_jax.datasets.pools import build_eval_pools
 from logrerank_jax.datasets.scholarqabench import read_scholarqabench
 from logrerank_jax.data.sentences import split_sentences
 from logrerank_jax.errors import CheckpointError, DataError
-from logrerank_jax.models import log_reranker as lr
 
 # Rows of 128 tokens: SciFact abstracts need several windows and some sentences are truncated,
 # so windowing and truncation flags are exercised. Coarse buckets keep the shape set small.
@@ -43,7 +42,7 @@ def make_tiny_model(directory, pools, seed=0):
   per process (tokenizer training and the jitted init are most of its cost) and copied into
   `directory`, so each caller still owns, and may change, its own folder."""
   from logrerank_bench.suites import random_tiny_model
-  from logrerank_jax.data.tokenization import train_wordpiece_tokenizer
+  from logrerank_jax.datasets.wordpiece import train_wordpiece_tokenizer
   from logrerank_jax.models.model_folder import save_model
 
   texts = [p["input"] for p in pools] + [c["text"] for p in pools for c in p["ctxs"]]
@@ -71,7 +70,7 @@ def model_dir(tmp_path_factory, pools):
 
 @pytest.fixture(scope="module")
 def reranker(model_dir):
-  return inference.Reranker.from_dir(model_dir, packing=PACKING, queries_per_batch=2)
+  return inference.Reranker.from_pretrained(model_dir, packing=PACKING, queries_per_batch=2)
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +155,7 @@ def test_second_pass_compiles_nothing(reranker, pools, outputs):
 
 
 def test_batched_equals_one_at_a_time(model_dir, pools, outputs):
-  single = inference.Reranker.from_dir(model_dir, packing=PACKING, queries_per_batch=1)
+  single = inference.Reranker.from_pretrained(model_dir, packing=PACKING, queries_per_batch=1)
   one_by_one = single.rerank_records(pools[:3])
   worst = 0.0
   for a, b in zip(outputs[:3], one_by_one):  # `outputs` used 2 queries per call
@@ -239,13 +238,13 @@ def test_from_dir_accepts_a_training_workdir(model_dir, tmp_path):
   # limit is not used: the inference default (half a row, at most 128) keeps real questions.
   (tmp_path / "work" / "model" / "info.json").write_text(
       '{"packing": {"row_len": 96, "max_query_tokens": 16}}')
-  rr = inference.Reranker.from_dir(str(tmp_path / "work"))
+  rr = inference.Reranker.from_pretrained(str(tmp_path / "work"))
   assert (rr.packing.row_len, rr.packing.max_query_tokens) == (96, 48)
-  rr = inference.Reranker.from_dir(str(tmp_path / "work"), row_len=128, max_query_tokens=16)
+  rr = inference.Reranker.from_pretrained(str(tmp_path / "work"), row_len=128, max_query_tokens=16)
   assert (rr.packing.row_len, rr.packing.max_query_tokens) == (128, 16)
-  assert rr.cfg == inference.Reranker.from_dir(model_dir, packing=PACKING).cfg
+  assert rr.cfg == inference.Reranker.from_pretrained(model_dir, packing=PACKING).cfg
   with pytest.raises(CheckpointError, match="neither a model folder"):
-    inference.Reranker.from_dir(str(tmp_path))
+    inference.Reranker.from_pretrained(str(tmp_path))
 
 
 def test_openscholar_writer_keeps_fields_and_ctxs(outputs, pools):
@@ -283,7 +282,7 @@ def test_residual_global_score_reaches_the_serving_path(tmp_path, model_dir, poo
   out_layer["kernel"], out_layer["bias"] = (np.zeros_like(out_layer["kernel"]),
                                             np.zeros_like(out_layer["bias"]))
   save_model(str(tmp_path / "model"), params, cfg, tok)
-  outs = inference.Reranker.from_dir(str(tmp_path / "model"), packing=PACKING,
+  outs = inference.Reranker.from_pretrained(str(tmp_path / "model"), packing=PACKING,
                                      queries_per_batch=2).rerank_records(pools[:2])
   for out, rec in zip(outs, pools[:2]):
     check_output(out, rec)
@@ -299,10 +298,10 @@ def test_set_params_swaps_weights_without_compiling(model_dir, pools, tmp_path):
   swapped-in params give exactly what an engine built on them gives, with no new compilation;
   params of other shapes are refused by name."""
   other_dir = make_tiny_model(tmp_path / "other", pools, seed=1)
-  rr = inference.Reranker.from_dir(model_dir, packing=PACKING, queries_per_batch=2)
+  rr = inference.Reranker.from_pretrained(model_dir, packing=PACKING, queries_per_batch=2)
   before = rr.rerank_records(pools[:2])
   compiled = rr.compile_stats()["xla_compilations"]
-  fresh = inference.Reranker.from_dir(other_dir, packing=PACKING, queries_per_batch=2)
+  fresh = inference.Reranker.from_pretrained(other_dir, packing=PACKING, queries_per_batch=2)
   rr.engine.set_params(jax.device_get(fresh.params))
   after, want = rr.rerank_records(pools[:2]), fresh.rerank_records(pools[:2])
   assert rr.compile_stats()["xla_compilations"] == compiled

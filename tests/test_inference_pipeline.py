@@ -67,7 +67,7 @@ def test_second_reranker_of_a_model_compiles_nothing(setup):
 
 def _failing_on(rr, bad):
   """Make `rr`'s host work fail for any chunk holding record `bad` (a worker-side error)."""
-  real = rr._local_jobs
+  real = rr.planner.local_jobs
 
   def failing(recs, tokenizer=None):
     if any(r.record_id == bad for r in recs):
@@ -82,7 +82,7 @@ def test_worker_failure_is_retried_per_record(setup, monkeypatch):
   runs = {}
   for workers in (0, 2):
     rr = _reranker(model, workers)
-    monkeypatch.setattr(rr, "_local_jobs", _failing_on(rr, bad))
+    monkeypatch.setattr(rr.planner, "local_jobs", _failing_on(rr, bad))
     runs[workers] = rr.rerank_records(records)
   outs = runs[2]
   assert [o["id"] for o in outs] == [str(r["id"]) for r in records]

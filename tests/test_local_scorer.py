@@ -10,10 +10,10 @@ import pytest
 
 from logrerank_jax.data.packing import PackingConfig, QueryInput, pack_queries
 from logrerank_jax.data.sentences import split_sentences
-from logrerank_jax.data.tokenization import train_wordpiece_tokenizer
+from logrerank_jax.datasets.wordpiece import train_wordpiece_tokenizer
 from logrerank_jax.errors import ConfigError
-from logrerank_jax.models.local_scorer import (LocalScorer, pool_spans,
-                                               score_batch, spans_to_nodes)
+from logrerank_jax.models.local_scorer import LocalScorer, score_batch, spans_to_nodes
+from logrerank_jax.models.spans import pool_spans
 from logrerank_jax.models.log_reranker import LoGConfig, count_params
 from logrerank_jax.models.encoders.modernbert import ModernBertEncoder
 

@@ -12,7 +12,7 @@ from logrerank_jax.data.packing import pack_for_model
 from logrerank_jax.graph.context import log_context
 from logrerank_jax.data.packing import PackingConfig, QueryInput
 from logrerank_jax.data.sentences import split_sentences
-from logrerank_jax.data.tokenization import train_wordpiece_tokenizer
+from logrerank_jax.datasets.wordpiece import train_wordpiece_tokenizer
 from logrerank_jax.errors import ConfigError
 from logrerank_jax.models.log_reranker import (LoGConfig, count_params, device_batch, init_params, log_forward)
 

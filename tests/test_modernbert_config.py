@@ -192,15 +192,15 @@ def test_unavailable_kernel_falls_back_with_one_logged_line(monkeypatch, caplog,
     want, reason = "tiled", "gpu backend"
   else:  # the real self-check
     from logrerank_jax.models.attention import dispatch as attention_dispatch  # pylint: disable=g-import-not-at-top
-    from logrerank_jax.models.encoders import modernbert as mb  # pylint: disable=g-import-not-at-top
+    from logrerank_jax.models.attention import pallas_gpu, reference  # pylint: disable=g-import-not-at-top
     probe = attention_dispatch._probe_error.__wrapped__  # pylint: disable=protected-access
     ad = _patch_backend(monkeypatch, "gpu", compute_capability=9.0)
     monkeypatch.setattr(ad, "_probe_error", probe)
     if case == "self-check":  # the Triton kernel cannot be compiled for this (CPU) device
       reason = "self-check on this device failed"
     else:  # a kernel that runs but ignores the window must not be used
-      monkeypatch.setattr(mb, "pallas_attention", lambda q, k, v, seg, pos, window, **kw:
-                          mb.reference_attention(q, k, v, seg, pos, None, lambda p: p))
+      monkeypatch.setattr(pallas_gpu, "pallas_attention", lambda q, k, v, seg, pos, window, **kw:
+                          reference.reference_attention(q, k, v, seg, pos, None, lambda p: p))
       reason = "off by"
   with caplog.at_level(logging.WARNING, logger=ad.__name__):
     for _ in range(3):  # one line per (path, reason), however many layers ask
@@ -222,7 +222,7 @@ def test_pallas_gpu_encoder_through_dispatch_equals_xla(monkeypatch):
   every layer (interpret mode here), and the encoder equals the XLA reference on packed rows
   with padding. (The kernel's gradients: tests/test_attention_kernels.py.)"""
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from logrerank_jax.models.encoders import modernbert as mb  # pylint: disable=g-import-not-at-top
+  from logrerank_jax.models.encoders import layers, modernbert as mb  # pylint: disable=g-import-not-at-top
   # One global and one window layer: every kind of layer, the fewest to compile.
   cfg = ModernBertConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                          num_attention_heads=2, global_attn_every_n_layers=2, local_attention=8,
@@ -248,8 +248,8 @@ def test_pallas_gpu_encoder_through_dispatch_equals_xla(monkeypatch):
   monkeypatch.setenv(ad.INTERPRET_ENV, "1")
   assert cfg.resolved_attention_impl() == "pallas_gpu"
   calls = []
-  real_kernel = mb.pallas_attention
-  monkeypatch.setattr(mb, "pallas_attention",
+  real_kernel = layers.pallas_attention
+  monkeypatch.setattr(layers, "pallas_attention",
                       lambda *a, **k: calls.append((a[5], k)) or real_kernel(*a, **k))
   out = run(cfg)
   # Both layers took the kernel, in interpret mode: the global one (window None) and the

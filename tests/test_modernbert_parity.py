@@ -22,6 +22,9 @@ import pytest
 import torch
 import transformers
 
+from logrerank_jax.models.attention.blocked import blocked_local_attention
+from logrerank_jax.models.attention.reference import attention_mask_matrix, reference_attention
+from logrerank_jax.models.attention.tiled import positions_follow_tokens, tiled_attention
 from logrerank_jax.models.encoders import modernbert as mb
 from torch_init import randomise_normal as _randomise
 
@@ -176,8 +179,8 @@ def test_blocked_local_attention_equals_reference(local_attention):
   # q, k, v, seg, pos as arguments: closed over, they would be constants XLA folds at compile time.
   jitted = jax.jit(lambda fn, w, *a: fn(*a, w, no_dropout), static_argnums=(0, 1))
   run = lambda fn, w: jitted(fn, w, q, k, v, jnp.asarray(seg), jnp.asarray(pos))  # noqa: E731
-  ref = np.asarray(run(mb.reference_attention, window))
-  blocked = np.asarray(run(mb.blocked_local_attention, window))
+  ref = np.asarray(run(reference_attention, window))
+  blocked = np.asarray(run(blocked_local_attention, window))
   valid = seg > 0
   err = np.abs(ref[valid] - blocked[valid]).max()
   # Same math, different blocking of the softmax sums (K <= L = 40 keys, |v| ~ N(0, 1) so
@@ -185,7 +188,7 @@ def test_blocked_local_attention_equals_reference(local_attention):
   assert err <= ATOL_F32, f"blocked vs reference max abs error {err:.2e}"
   assert np.isfinite(blocked).all()
   # The window must matter here (except when it spans every segment), else the test is vacuous.
-  window_effect = np.abs(np.asarray(run(mb.reference_attention, None))[valid] - ref[valid]).max()
+  window_effect = np.abs(np.asarray(run(reference_attention, None))[valid] - ref[valid]).max()
   assert (window_effect > 1e-3) == (window < L - 1), window_effect
 
 
@@ -283,7 +286,7 @@ def test_rope_known_answer():
 def test_window_mask_known_answer():
   seg = jnp.array([[1, 1, 1, 1, 2, 2, 0]])
   pos = jnp.array([[0, 1, 2, 3, 0, 1, 0]])
-  mask = np.asarray(mb.attention_mask_matrix(seg, pos, window=1))[0]
+  mask = np.asarray(attention_mask_matrix(seg, pos, window=1))[0]
   expected = np.array([
       [1, 1, 0, 0, 0, 0, 0],
       [1, 1, 1, 0, 0, 0, 0],
@@ -367,8 +370,8 @@ def _tiled_layouts():
 # tile (lru_cache keeps the jitted functions for the file's run).
 def _attention(kind, window):
   if kind == "tiled":
-    return lambda q, k, v, seg, pos: mb.tiled_attention(q, k, v, seg, pos, window)
-  return lambda q, k, v, seg, pos: mb.reference_attention(q, k, v, seg, pos, window, lambda p: p)
+    return lambda q, k, v, seg, pos: tiled_attention(q, k, v, seg, pos, window)
+  return lambda q, k, v, seg, pos: reference_attention(q, k, v, seg, pos, window, lambda p: p)
 
 
 @functools.lru_cache(maxsize=None)
@@ -393,7 +396,7 @@ def test_tiled_attention_equals_reference(layout, local_attention):
   window = None if local_attention is None else local_attention // 2
   q, k, v = _random_qkv(seg.shape[0], seed=16)
   seg, pos = jnp.asarray(seg), jnp.asarray(pos)
-  assert bool(mb.positions_follow_tokens(seg, pos)) == follows, name
+  assert bool(positions_follow_tokens(seg, pos)) == follows, name
   ref = np.asarray(_attention_jit("reference", window)(q, k, v, seg, pos))
   got = np.asarray(_attention_jit("tiled", window)(q, k, v, seg, pos))
   valid = np.asarray(seg) > 0
@@ -464,10 +467,10 @@ def test_tiled_attention_bfloat16_keeps_dtypes_and_tracks_float32():
   seg, pos = jnp.asarray(seg), jnp.asarray(pos)
   f32 = lambda x: x.astype(jnp.float32)
   for window in (None, 4):
-    out, vjp = jax.vjp(lambda q, k, v: mb.tiled_attention(q, k, v, seg, pos, window), q, k, v)
+    out, vjp = jax.vjp(lambda q, k, v: tiled_attention(q, k, v, seg, pos, window), q, k, v)
     grads = vjp(dout.astype(jnp.bfloat16))
     out_ref, vjp_ref = jax.vjp(
-        lambda q, k, v: mb.reference_attention(q, k, v, seg, pos, window, lambda p: p),
+        lambda q, k, v: reference_attention(q, k, v, seg, pos, window, lambda p: p),
         f32(q), f32(k), f32(v))
     grads_ref = vjp_ref(f32(dout.astype(jnp.bfloat16)))
     assert out.dtype == jnp.bfloat16 and all(g.dtype == jnp.bfloat16 for g in grads)
@@ -498,7 +501,7 @@ def test_positions_follow_tokens_known_answers():
   # rows: packed; a hole inside a segment with arange positions; decreasing segment ids;
   # a segment that resumes after another; positions going back inside a segment.
   for row, expected in enumerate([True, True, False, False, False]):
-    got = bool(mb.positions_follow_tokens(seg[row:row + 1], pos[row:row + 1]))
+    got = bool(positions_follow_tokens(seg[row:row + 1], pos[row:row + 1]))
     assert got == expected, (row, got)
 
 

@@ -8,7 +8,7 @@ import pytest
 from logrerank_jax.data import packing
 from logrerank_jax.data.packing import PackingConfig, QueryInput, pack_queries
 from logrerank_jax.data.sentences import split_sentence_texts
-from logrerank_jax.data.tokenization import train_wordpiece_tokenizer
+from logrerank_jax.datasets.wordpiece import train_wordpiece_tokenizer
 from logrerank_jax.errors import ConfigError, DataError
 
 

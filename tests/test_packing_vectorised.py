@@ -17,14 +17,15 @@ import hypothesis.strategies as st
 import numpy as np
 import pytest
 
-from conftest import DATA_DIR, read_jsonl
+from conftest import DATA_DIR
 from packing_reference import reference_pack_queries
 from logrerank_jax.data import packing
 from logrerank_jax.data.inference_input import parse_inference_record
 from logrerank_jax.data.packing import PackingConfig, QueryInput, pack_for_model, pack_queries
 from logrerank_jax.datasets.pools import build_eval_pools
 from logrerank_jax.datasets.scholarqabench import read_scholarqabench
-from logrerank_jax.data.tokenization import encode_texts, train_wordpiece_tokenizer
+from logrerank_jax.data.encoding import encode_texts
+from logrerank_jax.datasets.wordpiece import train_wordpiece_tokenizer
 from logrerank_jax.errors import ConfigError
 
 FIELDS = [f.name for f in dataclasses.fields(packing.PackedBatch)]

@@ -12,7 +12,7 @@ from logrerank_bench.suites import init_log_params
 from logrerank_jax import engine as inference
 from logrerank_jax.data.inference_input import parse_inference_record
 from logrerank_jax.data.packing import PackingConfig, QueryInput, pack_queries
-from logrerank_jax.data.tokenization import train_wordpiece_tokenizer
+from logrerank_jax.datasets.wordpiece import train_wordpiece_tokenizer
 from logrerank_jax.errors import ConfigError
 from logrerank_jax.models.encoders import bert as mbert
 from logrerank_jax.models import log_reranker as lr

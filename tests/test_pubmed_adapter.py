@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import logrerank_jax
-from logrerank_jax.data import pubmed_adapter as A
+from logrerank_jax.datasets import pubmed_adapter as A
 from logrerank_jax.data import records as R
 from logrerank_jax.data.sentences import split_sentence_texts
 from logrerank_jax.errors import DataError

@@ -6,12 +6,10 @@ import pathlib
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 from conftest import DATA_DIR, read_jsonl
 from logrerank_jax import engine as inference
-from logrerank_jax.data.packing import PackingConfig
 from logrerank_jax.errors import DataError
 from test_inference import make_pools, make_tiny_model
 

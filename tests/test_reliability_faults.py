@@ -9,6 +9,7 @@ Covered elsewhere (referenced, not duplicated, in docs/RELIABILITY.md):
 """
 
 import dataclasses
+import importlib
 import importlib.util
 import os
 import pathlib
@@ -22,7 +23,7 @@ import time
 import numpy as np
 import pytest
 
-from logrerank_jax.errors import CheckpointError, ConfigError, LogRerankError
+from logrerank_jax.errors import CheckpointError, ConfigError
 
 
 # A real ENOSPC (test_disk_full_during_checkpoint_is_named_and_resumable) fails one tensorstore
@@ -161,15 +162,13 @@ def test_interrupted_export_leaves_previous_model_and_next_save_works(exported, 
 
 
 def load_tool(name):
-  spec = importlib.util.spec_from_file_location(f"_tool_{name}", ROOT / "tools" / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  """The module behind `logrerank <name>` (tools/rerank.py, tools/convert_torch.py)."""
+  return importlib.import_module(f"logrerank_jax.cli.{name}")
 
 
 def test_stale_conversion_temp_folder_does_not_block_or_corrupt(tmp_path):
   """A conversion killed mid-write leaves `.out.tmp-*`; the output and the next write are fine."""
-  convert = load_tool("convert_torch")
+  convert = load_tool("convert")
   out = tmp_path / "out"
 
   def fill(value):
@@ -246,7 +245,7 @@ def test_params_of_another_config_are_refused_with_shapes(two_models, tmp_path):
   save_log_config(str(folder / "model_config.json"),
                   dataclasses.replace(cfg, local=dataclasses.replace(cfg.local, encoder=enc)))
   with pytest.raises(CheckpointError) as info:
-    inference.Reranker.from_dir(str(folder))
+    inference.Reranker.from_pretrained(str(folder))
   msg = str(info.value)
   assert "\n" not in msg and "params do not match the model config" in msg
   d = cfg.local.encoder.intermediate_size
@@ -257,7 +256,7 @@ def test_params_of_another_config_are_refused_with_shapes(two_models, tmp_path):
 def test_matching_params_pass_the_shape_check(two_models):
   from logrerank_jax import engine as inference
   model, _, _ = two_models
-  rr = inference.Reranker.from_dir(model)
+  rr = inference.Reranker.from_pretrained(model)
   assert rr.cfg.local.encoder.hidden_size > 0
 
 

@@ -11,6 +11,7 @@ Readers covered (table-driven, one named case per row):
 `CASE_COUNTS` at the bottom is what docs/RELIABILITY.md reports.
 """
 
+import importlib
 import importlib.util
 import json
 import os
@@ -32,11 +33,8 @@ WORDS_NO_STOP = " ".join(f"word{i}" for i in range(3000))  # one sentence, far b
 
 
 def load_tool(name):
-  """Import tools/<name>.py as a module (scripts are not package members)."""
-  spec = importlib.util.spec_from_file_location(f"_tool_{name}", ROOT / "tools" / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  """The module behind tools/<name>.py and `logrerank <name>`."""
+  return importlib.import_module(f"logrerank_jax.cli.{name}")
 
 
 def write_lines(path, lines):

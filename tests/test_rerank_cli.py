@@ -1,6 +1,6 @@
 """`tools/rerank.py` end to end: a subprocess run and the in-process CLI, on real SciFact pools."""
 
-import importlib.util
+import importlib
 import json
 import os
 import pathlib
@@ -28,11 +28,8 @@ BAD_LINES = [
 
 
 def load_tool():
-  """Import tools/rerank.py as a module (it is a script, not a package member)."""
-  spec = importlib.util.spec_from_file_location("rerank_tool", TOOL)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  """The module behind tools/rerank.py and `logrerank rerank`."""
+  return importlib.import_module("logrerank_jax.cli.rerank")
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
 """Sentence splitting: exact offsets, no lost text, scientific abbreviations, on real abstracts."""
 
+import sys
 import time
 
 import hypothesis
@@ -8,7 +9,7 @@ import pytest
 
 from logrerank_jax.data import sentences
 from logrerank_jax.data.sentences import Sentence, split_sentences
-from logrerank_jax.errors import DataError
+from logrerank_jax.errors import ConfigError, DataError
 
 
 def _assert_partition(text, sents):
@@ -200,6 +201,8 @@ def test_real_hgvs_notation_not_split(scifact_records):
 def test_sentencex_edge_inputs_lose_nothing(text):
   """Inputs that made sentencex panic or left only a blanked list marker: nothing lost, no crash."""
   for backend in sentences.BACKENDS:
+    if backend == "pysbd":
+      pytest.importorskip("pysbd")  # the `compare` extra (dev installs it); sentencex ran above
     _assert_partition(text, split_sentences(text, backend))
 
 
@@ -217,6 +220,22 @@ def test_random_scientific_text_loses_nothing(text):
 def test_unknown_backend_is_data_error():
   with pytest.raises(DataError, match="unknown sentence splitter backend"):
     split_sentences("A. B.", backend="nltk")
+
+
+def test_pysbd_backend_without_pysbd_is_one_line_config_error(monkeypatch):
+  """pysbd is optional: asking for its backend without it names the extra to install."""
+  monkeypatch.setitem(sys.modules, "pysbd", None)  # `import pysbd` now raises ImportError
+  sentences._segmenter.cache_clear()  # a pysbd segmenter made earlier would hide the import
+  sentences.clear_cache()
+  try:
+    with pytest.raises(ConfigError) as err:
+      split_sentences("A. B.", backend="pysbd")
+  finally:
+    sentences._segmenter.cache_clear()
+    sentences.clear_cache()
+  assert 'pip install "logrerank_jax[compare]"' in str(err.value)
+  assert "\n" not in str(err.value)
+  assert split_sentences("A b. C d.")  # the default backend needs no pysbd
 
 
 def test_clear_cache_forces_a_real_split(monkeypatch):

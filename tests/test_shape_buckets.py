@@ -78,7 +78,7 @@ def test_passage_stage_pads_each_micro_batch_to_its_length_bucket(tmp_path):
   stage = stages.PassageStage(cfg, str(tmp_path), records)
   stage.num_shards = 1
   groups = [[i] for i in range(len(records))]
-  lengths = [len(max((stage.tokenizer(records[i].question, stages._passage_text(u, p),
+  lengths = [len(max((stage.tokenizer(records[i].question, stages.passage_text(u, p),
                                       truncation="longest_first", max_length=cfg.max_seq_len)
                       ["input_ids"] for u in [stage.units[i]] for p in range(len(u.passage_ids))),
                      key=len)) for i in range(len(records))]

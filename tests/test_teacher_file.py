@@ -45,9 +45,9 @@ def test_skip_invalid_logs_unmatched_entries_instead(tmp_path, caplog):
   config = ml_collections.ConfigDict({"teacher_file": str(path), "skip_invalid": False})
   with pytest.raises(DataError, match=f"^{path}: 1 of 2 teacher entries match no training query "
                                       r"\(first: 'dropped'\)"):
-    stages._with_teacher(units, config)  # pylint: disable=protected-access
+    stages.with_teacher(units, config)
   config.skip_invalid = True
   with caplog.at_level(logging.WARNING, logger=data_lib.__name__):
-    out = stages._with_teacher(units, config)  # pylint: disable=protected-access
+    out = stages.with_teacher(units, config)
   assert "1 of 2 teacher entries match no training query (first: 'dropped')" in caplog.text
   assert out[0].teacher == (0.9, 0.1) and out[1].teacher == ()

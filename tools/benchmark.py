@@ -25,11 +25,11 @@ CPU thread pool) and torch.set_num_threads both get --threads; both are recorded
 
 import argparse
 import os
-import pathlib
 import sys
 import time
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
+from logrerank_bench.defaults import SIZES, data_files, demo_data_dir
+
 SUITES = ("params", "packing", "attention_work", "encoder", "train_step", "kernels", "pipeline",
           "cache", "recompile")
 ENCODER_SUITES = ("encoder", "train_step", "kernels")  # logrerank_bench.encoder, in a child process
@@ -41,7 +41,7 @@ def parse_args(argv=None):
   p = argparse.ArgumentParser(description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--suite", default="all", help=f"comma list of {SUITES} or 'all'")
-  p.add_argument("--size", default="small", choices=("tiny", "small", "base"))
+  p.add_argument("--size", default="small", choices=SIZES)
   p.add_argument("--threads", type=int, default=0,
                  help="CPU threads for XLA and torch (0: all allowed)")
   p.add_argument("--data", default="",
@@ -87,10 +87,105 @@ def encoder_child(suite: str, args, threads: int) -> dict:
            "--threads", str(threads), "--reps", str(max(5, args.reps)), "--impls", args.impls,
            "--json", out] + (["--data", args.data] if args.data else []) + (
                ["--queries", str(args.queries)] if args.queries else [])
-    subprocess.run(cmd, check=True, cwd=str(REPO),
-                   env=dict(os.environ, PYTHONPATH=str(REPO)))
+    subprocess.run(cmd, check=True)
     with open(out, encoding="utf-8") as f:
       return json.load(f)[suite]
+
+
+class BenchmarkRun:
+  """One run's settings, its pools and tokenizer (built on first use) and the JSON being written.
+
+  Built after the thread settings: it imports JAX and torch."""
+
+  def __init__(self, args, threads: int):
+    import jax  # pylint: disable=g-import-not-at-top
+    import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+    import torch  # pylint: disable=g-import-not-at-top
+    from logrerank_bench import protocol  # pylint: disable=g-import-not-at-top
+    from logrerank_bench import suites as bm  # pylint: disable=g-import-not-at-top
+    self.args, self.threads, self.bm, self.protocol = args, threads, bm, protocol
+    self.start = time.perf_counter()
+    self.fine = tuple(range(1, 17)) + tuple(range(20, 129, 4))
+    self.row_buckets = self.fine if args.row_buckets == "fine" else None
+    self.dtype = jnp.bfloat16 if args.dtype == "bfloat16" else jnp.float32
+    on_gpu = jax.default_backend() == "gpu"
+    torch_device = "cuda" if on_gpu and torch.cuda.is_available() else "cpu"
+    self.files = data_files(args.data)
+    default_q = {"tiny": 2, "small": 1, "base": 8 if on_gpu else 1}[args.size]
+    self.limit = args.queries or default_q
+    self.results = {"machine": protocol.machine_info(threads, load_average=True),
+                    "args": vars(args), "data_files": self.files, "torch_device": torch_device}
+    print(f"threads={threads} backend={jax.default_backend()} data={self.files}", flush=True)
+    self._pools = None
+    self.tokenizer = None
+
+  def pools(self):
+    if self._pools is None:
+      self._pools = self.bm.load_pools(self.files, pool_size=self.args.passages, limit=self.limit)
+      self.tokenizer = self.bm.benchmark_tokenizer(self._pools)
+    return self._pools
+
+  def save(self):
+    self.results["elapsed_s"] = time.perf_counter() - self.start
+    if self.args.json:
+      self.protocol.write_json(self.args.json, self.results)
+
+
+def run_packing(run: BenchmarkRun) -> dict:
+  bm, row_len = run.bm, run.bm.row_len_for(run.args.size)
+  out = bm.packing_suite(run.pools(), run.tokenizer, row_len, row_buckets=run.fine)
+  out["batched_4_queries"] = bm.packing_suite(
+      run.pools(), run.tokenizer, row_len, row_buckets=run.fine, queries_per_batch=4,
+      engine=False)
+  eng = out["engine"]
+  print("packing: engine defaults, padding efficiency at 1 / 4 / all queries per call: "
+        + " / ".join(f"{eng[k]['padding_efficiency']:.3f}" for k in
+                     ("queries_per_call_1", "queries_per_call_4", "queries_per_call_all")))
+  return out
+
+
+def run_attention_work(run: BenchmarkRun) -> dict:
+  from logrerank_bench import attention_work  # pylint: disable=g-import-not-at-top
+  out = attention_work.attention_work_suite(
+      run.pools(), run.tokenizer, run.args.size,
+      row_lens=tuple(int(x) for x in run.args.work_row_lens.split(",")))
+  run.results["attention_work_efficiency"] = out["attention_work_efficiency"]
+  return out
+
+
+def run_host(run: BenchmarkRun) -> dict:
+  from logrerank_bench import host  # pylint: disable=g-import-not-at-top
+  return host.host_suite()
+
+
+def run_serving(run: BenchmarkRun) -> dict:
+  from logrerank_bench import serving  # pylint: disable=g-import-not-at-top
+  return serving.serving_suite(run.args.checkpoint, clients=run.args.clients,
+                               num_requests=run.args.requests, reps=run.args.reps)
+
+
+def run_cache(run: BenchmarkRun) -> dict:
+  if run.tokenizer is None:
+    run.pools()
+  return run.bm.cache_suite(str(demo_data_dir() / "train.jsonl"), run.tokenizer, run.args.size)
+
+
+RUNNERS = {
+    "params": lambda run: run.bm.params_suite(),
+    "packing": run_packing,
+    "attention_work": run_attention_work,
+    "pipeline": lambda run: run.bm.pipeline_suite(
+        run.pools(), run.tokenizer, run.args.size, dtype=run.dtype, fused=not run.args.no_fused,
+        row_buckets=run.row_buckets, engine=not run.args.no_engine),
+    "recompile": lambda run: run.bm.recompile_suite(
+        run.pools(), run.tokenizer, run.args.size, num_queries=run.args.recompile_queries,
+        engine=not run.args.no_engine),
+    "host": run_host,
+    "serving": run_serving,
+    "cache": run_cache,
+}
+RUNNERS.update({s: (lambda run, s=s: encoder_child(s, run.args, run.threads))
+                for s in ENCODER_SUITES})
 
 
 def main(argv=None):
@@ -100,97 +195,23 @@ def main(argv=None):
   unknown = [s for s in suites if s not in SUITES + EXTRA_SUITES]
   if unknown:
     raise SystemExit(f"unknown suite(s) {unknown}; known: {SUITES + EXTRA_SUITES}")
-  sys.path.insert(0, str(REPO))
   from logrerank_bench.protocol import set_threads  # pylint: disable=g-import-not-at-top
   threads = set_threads(args.threads)  # before torch and JAX start
   import torch  # pylint: disable=g-import-not-at-top
   torch.set_num_threads(threads)
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from logrerank_bench import suites as bm  # pylint: disable=g-import-not-at-top
-
-  start = time.perf_counter()
-  fine = tuple(range(1, 17)) + tuple(range(20, 129, 4))
-  row_buckets = fine if args.row_buckets == "fine" else None
-  dtype = jnp.bfloat16 if args.dtype == "bfloat16" else jnp.float32
-  on_gpu = jax.default_backend() == "gpu"
-  torch_device = "cuda" if on_gpu and torch.cuda.is_available() else "cpu"
-  if args.data:
-    files = [os.path.join(args.data, f) for f in ("scifact_test.jsonl", "pubmed_test.jsonl")
-             if os.path.exists(os.path.join(args.data, f))]
-  else:
-    files = [str(REPO / "tests" / "data" / f)
-             for f in ("scifact_slice.jsonl", "pubmed_slice.jsonl")]
-  default_q = {"tiny": 2, "small": 1, "base": 8 if on_gpu else 1}[args.size]
-  limit = args.queries or default_q
-  results = {"machine": bm.machine_info(threads), "args": vars(args), "data_files": files,
-             "torch_device": torch_device}
-  print(f"threads={threads} backend={jax.default_backend()} data={files}", flush=True)
-  tokenizer = None
-  pools = None
-
-  def get_pools():
-    nonlocal pools, tokenizer
-    if pools is None:
-      pools = bm.load_pools(files, pool_size=args.passages, limit=limit)
-      tokenizer = bm.benchmark_tokenizer(pools)
-    return pools
-
-  def save():
-    results["elapsed_s"] = time.perf_counter() - start
-    if args.json:
-      bm.write_json(args.json, results)
-
+  run = BenchmarkRun(args, threads)
+  results = run.results
   for suite in suites:
-    if args.time_budget and time.perf_counter() - start > args.time_budget:
+    if args.time_budget and time.perf_counter() - run.start > args.time_budget:
       results[suite] = {"skipped": f"time budget {args.time_budget:.0f} s spent"}
       print(f"{suite}: skipped (time budget)", flush=True)
       continue
     t0 = time.perf_counter()
-    if suite == "params":
-      results[suite] = bm.params_suite()
-    elif suite == "packing":
-      results[suite] = bm.packing_suite(get_pools(), tokenizer, bm.row_len_for(args.size),
-                                        row_buckets=fine)
-      results[suite]["batched_4_queries"] = bm.packing_suite(
-          get_pools(), tokenizer, bm.row_len_for(args.size), row_buckets=fine, queries_per_batch=4,
-          engine=False)
-      eng = results[suite]["engine"]
-      print("packing: engine defaults, padding efficiency at 1 / 4 / all queries per call: "
-            + " / ".join(f"{eng[k]['padding_efficiency']:.3f}" for k in
-                         ("queries_per_call_1", "queries_per_call_4", "queries_per_call_all")))
-    elif suite == "attention_work":
-      from logrerank_bench import attention_work  # pylint: disable=g-import-not-at-top
-      results[suite] = attention_work.attention_work_suite(
-          get_pools(), tokenizer, args.size,
-          row_lens=tuple(int(x) for x in args.work_row_lens.split(",")))
-      results["attention_work_efficiency"] = results[suite]["attention_work_efficiency"]
-    elif suite in ENCODER_SUITES:
-      results[suite] = encoder_child(suite, args, threads)
-    elif suite == "pipeline":
-      results[suite] = bm.pipeline_suite(get_pools(), tokenizer, args.size, dtype=dtype,
-                                         fused=not args.no_fused, row_buckets=row_buckets,
-                                         engine=not args.no_engine)
-    elif suite == "recompile":
-      results[suite] = bm.recompile_suite(get_pools(), tokenizer, args.size,
-                                          num_queries=args.recompile_queries,
-                                          engine=not args.no_engine)
-    elif suite == "host":
-      from logrerank_bench import host  # pylint: disable=g-import-not-at-top
-      results[suite] = host.host_suite()
-    elif suite == "serving":
-      from logrerank_bench import serving  # pylint: disable=g-import-not-at-top
-      results[suite] = serving.serving_suite(args.checkpoint, clients=args.clients,
-                                             num_requests=args.requests, reps=args.reps)
-    elif suite == "cache":
-      if tokenizer is None:
-        get_pools()
-      results[suite] = bm.cache_suite(str(REPO / "logrerank_jax" / "demo_data" / "train.jsonl"),
-                                      tokenizer, args.size)
+    results[suite] = RUNNERS[suite](run)
     results[suite]["suite_s"] = time.perf_counter() - t0
     print(f"{suite}: {results[suite]}", flush=True)
-    save()  # after every suite, so a run cut short keeps what it measured
-  save()
+    run.save()  # after every suite, so a run cut short keeps what it measured
+  run.save()
   return results
 
 

@@ -18,11 +18,9 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-from logrerank_jax.datasets import scholarqa_cs  # pylint: disable=g-import-not-at-top
-from logrerank_jax.errors import LogRerankError  # pylint: disable=g-import-not-at-top
-from logrerank_jax.evaluation import write_qrels  # pylint: disable=g-import-not-at-top
+from logrerank_jax.datasets import scholarqa_cs
+from logrerank_jax.errors import LogRerankError
+from logrerank_jax.evaluation import write_qrels
 
 DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "logrerank_jax",
                            "demo_data", "scholarqa_cs")

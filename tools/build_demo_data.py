@@ -32,15 +32,12 @@ import collections
 import hashlib
 import json
 import os
-import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-from logrerank_jax.datasets import pubmed_adapter  # pylint: disable=g-import-not-at-top
-from logrerank_jax.data import records as records_lib  # pylint: disable=g-import-not-at-top
-from logrerank_jax.evaluation import write_qrels  # pylint: disable=g-import-not-at-top
+from logrerank_jax.datasets import pubmed_adapter
+from logrerank_jax.data import records as records_lib
+from logrerank_jax.evaluation import write_qrels
 
 DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "logrerank_jax",
                            "demo_data")
@@ -78,8 +75,8 @@ def split_indices(n: int, sizes: tuple[int, int, int], seed: int) -> list[list[i
   return out
 
 
-def main(argv=None):
-  """Build the demo splits."""
+def parse_args(argv=None):
+  """Parse the command line."""
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--input", required=True, help="path to pubmed_test.jsonl")
   ap.add_argument("--out", default=DEFAULT_OUT)
@@ -97,8 +94,67 @@ def main(argv=None):
                   help="passage unit: whole abstracts (gold: the question's own) or paragraphs "
                        "(gold: its own abstract's result paragraphs)")
   ap.add_argument("--label-table", action="store_true", help="print the label table and exit")
-  args = ap.parse_args(argv)
+  return ap.parse_args(argv)
 
+
+def banned_for(gold_of: dict, name: str) -> frozenset:
+  """Other splits' gold contexts, never used as split `name`'s negatives."""
+  return frozenset().union(*(g for other, g in gold_of.items() if other != name))
+
+
+def write_splits(args, pool, splits: dict, gold_of: dict, manifest: dict) -> None:
+  """Write each split's training records (validated), and the test split's queries and qrels;
+  record each split's counts in `manifest`."""
+  for name, idx in splits.items():
+    # Other splits' gold contexts are never used as this split's negatives.
+    banned = banned_for(gold_of, name)
+    recs, stats = pubmed_adapter.build_training_records(pool, idx, args.passages, banned,
+                                                        args.evidence_negatives)
+    path = os.path.join(args.out, f"{name}.jsonl")
+    records_lib.write_training_file(path, recs)
+    records_lib.validate_training_file(path)  # what ships must pass the validator
+    manifest["splits"][name] = {
+        "queries": stats.queries, "passages": stats.passages, "sentences": stats.sentences,
+        "source_records": list(idx),  # 0-based record indices in the source file
+        "sentence_roles_by_source": dict(sorted(stats.sentences_by_source.items())),
+        "unknown_labels": dict(sorted(stats.unknown_labels.items())),
+    }
+    if name == "test":
+      qrels = {}
+      with open(os.path.join(args.out, "test_queries.jsonl"), "w", encoding="utf-8") as f:
+        for qi in idx:
+          rec, rel = pubmed_adapter.build_inference_record(pool, qi, args.passages, banned)
+          qrels[rec["id"]] = rel
+          f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+      write_qrels(os.path.join(args.out, "test.qrels"), {q: set(r) for q, r in qrels.items()})
+
+
+def write_pools(args, pool, splits: dict, gold_of: dict, manifest: dict) -> None:
+  """Write the id-only val / test evaluation pools, their qrels and the corpus they name."""
+  corpus = {}
+  for name in ("val", "test"):
+    banned = banned_for(gold_of, name)
+    qrels = {}
+    with open(os.path.join(args.out, f"{name}_pools.jsonl"), "w", encoding="utf-8") as f:
+      for qi in splits[name]:
+        rec, rel = pubmed_adapter.build_inference_record(pool, qi, args.pool_size, banned)
+        qrels[rec["id"]] = rel
+        for c in rec["ctxs"]:
+          corpus.setdefault(c["id"], c)
+        f.write(json.dumps({"id": rec["id"], "input": rec["input"],
+                            "ctx_ids": [c["id"] for c in rec["ctxs"]]}) + "\n")
+    write_qrels(os.path.join(args.out, f"{name}_pools.qrels"),
+                {q: set(r) for q, r in qrels.items()})
+    manifest["splits"][name]["pool_size"] = args.pool_size
+  with open(os.path.join(args.out, "corpus.jsonl"), "w", encoding="utf-8") as f:
+    for pid in sorted(corpus, key=lambda x: tuple(int(t) for t in x.split(":")[1:])):
+      f.write(json.dumps(corpus[pid], ensure_ascii=False) + "\n")
+  manifest["corpus_passages"] = len(corpus)
+
+
+def main(argv=None):
+  """Build the demo splits."""
+  args = parse_args(argv)
   pool = pubmed_adapter.PubMedPool(args.input, unit=args.unit)
   if args.label_table:
     print(label_table(pool))
@@ -125,48 +181,9 @@ def main(argv=None):
       "eligible_queries": len(eligible),
       "splits": {},
   }
-  for name, idx in splits.items():
-    # Other splits' gold contexts are never used as this split's negatives.
-    banned = frozenset().union(*(g for other, g in gold_of.items() if other != name))
-    recs, stats = pubmed_adapter.build_training_records(pool, idx, args.passages, banned,
-                                                        args.evidence_negatives)
-    path = os.path.join(args.out, f"{name}.jsonl")
-    records_lib.write_training_file(path, recs)
-    records_lib.validate_training_file(path)  # what ships must pass the validator
-    manifest["splits"][name] = {
-        "queries": stats.queries, "passages": stats.passages, "sentences": stats.sentences,
-        "source_records": list(idx),  # 0-based record indices in the source file
-        "sentence_roles_by_source": dict(sorted(stats.sentences_by_source.items())),
-        "unknown_labels": dict(sorted(stats.unknown_labels.items())),
-    }
-    if name == "test":
-      qrels = {}
-      with open(os.path.join(args.out, "test_queries.jsonl"), "w", encoding="utf-8") as f:
-        for qi in idx:
-          rec, rel = pubmed_adapter.build_inference_record(pool, qi, args.passages, banned)
-          qrels[rec["id"]] = rel
-          f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-      write_qrels(os.path.join(args.out, "test.qrels"), {q: set(r) for q, r in qrels.items()})
+  write_splits(args, pool, splits, gold_of, manifest)
   if args.pool_size:
-    corpus = {}
-    for name in ("val", "test"):
-      banned = frozenset().union(*(g for other, g in gold_of.items() if other != name))
-      qrels = {}
-      with open(os.path.join(args.out, f"{name}_pools.jsonl"), "w", encoding="utf-8") as f:
-        for qi in splits[name]:
-          rec, rel = pubmed_adapter.build_inference_record(pool, qi, args.pool_size, banned)
-          qrels[rec["id"]] = rel
-          for c in rec["ctxs"]:
-            corpus.setdefault(c["id"], c)
-          f.write(json.dumps({"id": rec["id"], "input": rec["input"],
-                              "ctx_ids": [c["id"] for c in rec["ctxs"]]}) + "\n")
-      write_qrels(os.path.join(args.out, f"{name}_pools.qrels"),
-                  {q: set(r) for q, r in qrels.items()})
-      manifest["splits"][name]["pool_size"] = args.pool_size
-    with open(os.path.join(args.out, "corpus.jsonl"), "w", encoding="utf-8") as f:
-      for pid in sorted(corpus, key=lambda x: tuple(int(t) for t in x.split(":")[1:])):
-        f.write(json.dumps(corpus[pid], ensure_ascii=False) + "\n")
-    manifest["corpus_passages"] = len(corpus)
+    write_pools(args, pool, splits, gold_of, manifest)
   with open(os.path.join(args.out, "manifest.json"), "w", encoding="utf-8") as f:
     json.dump(manifest, f, indent=1)
     f.write("\n")

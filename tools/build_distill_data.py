@@ -30,11 +30,9 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-from logrerank_jax import baselines  # pylint: disable=g-import-not-at-top
-from logrerank_jax.datasets import pubmed_adapter  # pylint: disable=g-import-not-at-top
-from logrerank_jax.data import records as records_lib  # pylint: disable=g-import-not-at-top
+from logrerank_jax import baselines
+from logrerank_jax.datasets import pubmed_adapter
+from logrerank_jax.data import records as records_lib
 
 DEMO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "logrerank_jax",
                     "demo_data")

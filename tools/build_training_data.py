@@ -22,9 +22,6 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-# pylint: disable=g-import-not-at-top
 from logrerank_jax.data import records as records_lib
 from logrerank_jax.datasets.construction import consolidate as consolidate_lib
 from logrerank_jax.datasets.construction import extract as extract_lib

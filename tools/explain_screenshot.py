@@ -4,9 +4,9 @@
       --pools logrerank_jax/demo_data/paragraphs/test_pools.jsonl --output docs/explain_page.png \
       [--corpus FILE] [--num-pools 3] [--record 0] [--html-dir DIR] [--width 1400 --height 1250]
 
-The same code path as `tools/rerank.py --html`: the first `--num-pools` pools (id-only demo
-pools are resolved against `--corpus`, by default `corpus.jsonl` beside the pools file) are
-reranked by that tool into `--html-dir` (default: a temporary folder), then record `--record`'s
+The same code path as `logrerank rerank --html` (tools/rerank.py): the first `--num-pools`
+pools (id-only demo pools are resolved against `--corpus`, by default `corpus.jsonl` beside the
+pools file) are reranked by that command into `--html-dir` (default: a temporary folder), then record `--record`'s
 page is opened in Debian's headless Chromium (Playwright with `executable_path`; no browser is
 downloaded), its first graph node is focused with the keyboard (so the picture shows the node
 panel) and the viewport is saved as a PNG.
@@ -14,16 +14,12 @@ panel) and the viewport is saved as a PNG.
 
 import argparse
 import contextlib
-import importlib.util
 import json
 import os
 import pathlib
 import shutil
 import sys
 import tempfile
-
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 # Launch flags: headless, no sandbox (CI containers run as root), and none of Chromium's own
 # background traffic (component updates, sync, field trials), so a page that makes no request
@@ -54,14 +50,6 @@ def chromium(user_data_dir: str, width: int = 1400, height: int = 1000):
       yield context
     finally:
       context.close()
-
-
-def load_rerank_tool():
-  """tools/rerank.py as a module (a script, not a package member)."""
-  spec = importlib.util.spec_from_file_location("rerank_tool", ROOT / "tools" / "rerank.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
 
 
 def read_pools(path: str, corpus: str, count: int) -> list:
@@ -111,9 +99,9 @@ def main(argv=None) -> int:
     with open(inp, "w", encoding="utf-8") as f:
       f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in pools)
     html_dir = args.html_dir or os.path.join(tmp, "html")
-    rc = load_rerank_tool().main(["--checkpoint", args.checkpoint, "--input", inp, "--output",
-                                  os.path.join(tmp, "out.jsonl"), "--html", html_dir,
-                                  "--no-progress"])
+    from logrerank_jax.cli import rerank  # pylint: disable=g-import-not-at-top
+    rc = rerank.main(["--checkpoint", args.checkpoint, "--input", inp, "--output",
+                      os.path.join(tmp, "out.jsonl"), "--html", html_dir, "--no-progress"])
     if rc == 1:
       return 1
     from logrerank_jax.explain import page_file  # pylint: disable=g-import-not-at-top

@@ -22,13 +22,11 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-from logrerank_jax.datasets.pools import build_chunk_pools, build_eval_pools  # pylint: disable=g-import-not-at-top
-from logrerank_jax.data.pool_files import expand_pools  # pylint: disable=g-import-not-at-top
-from logrerank_jax.datasets.scholarqabench import read_scholarqabench  # pylint: disable=g-import-not-at-top
-from logrerank_jax.errors import LogRerankError  # pylint: disable=g-import-not-at-top
-from logrerank_jax.evaluation import write_qrels  # pylint: disable=g-import-not-at-top
+from logrerank_jax.datasets.pools import build_chunk_pools, build_eval_pools
+from logrerank_jax.data.pool_files import expand_pools
+from logrerank_jax.datasets.scholarqabench import read_scholarqabench
+from logrerank_jax.errors import LogRerankError
+from logrerank_jax.evaluation import write_qrels
 
 
 def parse_args(argv=None):

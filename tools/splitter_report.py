@@ -6,6 +6,9 @@ ms per abstract for both on every gold passage of /work/shared/data/scholarqaben
 boundaries) and a sample of disagreements.
 
   PYTHONPATH=$PWD python tools/splitter_report.py [--data-glob ...] [--sample 40]
+
+The pysbd side needs the `compare` extra (`pip install "logrerank_jax[compare]"`); without it
+the report stops with that one line.
 """
 
 import argparse
@@ -13,10 +16,12 @@ import collections
 import glob
 import json
 import random
+import sys
 import time
 
 from logrerank_jax.data import sentences
 from logrerank_jax.datasets.splitter_cases import CASES
+from logrerank_jax.errors import ConfigError
 
 NEW, OLD = "sentencex", "pysbd"
 
@@ -82,4 +87,7 @@ def main():
 
 
 if __name__ == "__main__":
-  main()
+  try:
+    main()
+  except ConfigError as e:  # pysbd not installed: one line, not a traceback
+    sys.exit(f"splitter_report: {e}")

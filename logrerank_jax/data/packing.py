@@ -23,6 +23,10 @@ Span table: span 0 is a dummy; spans are numbered in creation order (query,
 passage, window, then the window's query span followed by its sentences).
 Graph layout: node n of query q is the n-th sentence of that query in passage
 order; its flat index is q * N + n.
+
+This module holds the packer's settings, types and entry points; the NumPy steps of
+`pack_tokenized` (budgets, windows, row placement, span table, array filling) are in
+`packing_steps`.
 """
 
 import dataclasses
@@ -31,9 +35,17 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from logrerank_jax.data.tokenization import encode_texts
+from logrerank_jax.data import packing_steps as steps
+from logrerank_jax.data.encoding import encode_texts
+from logrerank_jax.data.packing_steps import exclusive_cumsum, ranges
 from logrerank_jax.errors import ConfigError, DataError
 from logrerank_jax.schema import SPAN_NONE, SPAN_QUERY, SPAN_SENTENCE  # noqa: F401 (re-exported)
+
+__all__ = ["INFERENCE_ROW_BUCKETS", "BucketOverflowError", "PackInfo", "PackedBatch",
+           "PackingConfig", "PassagePackInfo", "QueryInput", "SPAN_NONE", "SPAN_QUERY",
+           "SPAN_SENTENCE", "TokenizedQuery", "bucket_size", "geometric_buckets", "grown_buckets",
+           "pack_for_model", "pack_queries", "pack_tokenized", "pack_tokenized_for_model",
+           "special_ids", "tokenize_queries", "validate_queries"]
 
 
 
@@ -216,24 +228,6 @@ def special_ids(tokenizer) -> tuple[int, int, int, int]:
   return tuple(int(i) for i in ids)
 
 
-_special_ids = special_ids  # the earlier name
-
-
-def _exclusive_cumsum(x: np.ndarray) -> np.ndarray:
-  """[0, x0, x0 + x1, ...] (len(x) + 1 entries, int64)."""
-  out = np.zeros(len(x) + 1, np.int64)
-  np.cumsum(x, out=out[1:])
-  return out
-
-
-def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-  """Concatenation of arange(starts[i], starts[i] + lengths[i]) over i, without a Python loop."""
-  lengths = np.asarray(lengths, np.int64)
-  total = int(lengths.sum())
-  return np.repeat(np.asarray(starts, np.int64) - _exclusive_cumsum(lengths)[:-1], lengths) + \
-      np.arange(total, dtype=np.int64)
-
-
 @dataclasses.dataclass(frozen=True)
 class TokenizedQuery:
   """One query and its passages' sentences as token ids: what `pack_tokenized` packs.
@@ -253,9 +247,9 @@ class TokenizedQuery:
   def select(self, passages: Sequence[int]) -> "TokenizedQuery":
     """The query with only `passages` (indices, in the order given)."""
     pis = np.asarray(passages, np.int64)
-    first = _exclusive_cumsum(self.passage_sizes)[:-1]
+    first = exclusive_cumsum(self.passage_sizes)[:-1]
     sizes = self.passage_sizes[pis]
-    idx = _ranges(first[pis], sizes)
+    idx = ranges(first[pis], sizes)
     return TokenizedQuery(self.query_ids, self.tokens, self.starts[idx], self.lengths[idx], sizes)
 
   def exploded(self) -> "TokenizedQuery":
@@ -283,7 +277,7 @@ def tokenize_queries(queries: Sequence[QueryInput], tokenizer,
       else:
         texts.extend(p)
   flat, lengths = encode_texts(tokenizer, texts)
-  starts = _exclusive_cumsum(lengths)[:-1]
+  starts = exclusive_cumsum(lengths)[:-1]
   out, cursor = [], len(queries)
   for qi, q in enumerate(queries):
     sizes = np.fromiter(map(len, q.passages), np.int64, len(q.passages))
@@ -352,157 +346,45 @@ def pack_tokenized(queries: Sequence[TokenizedQuery], special: tuple[int, int, i
   q_len = np.fromiter(map(len, q_tok), np.int64, nq)
   capacity = row_len - q_len - 3  # room for sentence tokens in one window, per query
 
-  # Sentences of all queries, in (query, passage, sentence) order; their token pools.
-  pools: dict[int, tuple[np.ndarray, int]] = {}
-  for t in queries:
-    if id(t.tokens) not in pools:
-      pools[id(t.tokens)] = (t.tokens, sum(len(p) for p, _ in pools.values()))
-  cat = lambda arrays, dtype=np.int64: (np.concatenate(arrays).astype(dtype, copy=False)
-                                        if arrays else np.zeros(0, dtype))
-  starts = cat([t.starts + pools[id(t.tokens)][1] for t in queries])
-  lengths = cat([t.lengths for t in queries])
-  sizes = cat([t.passage_sizes for t in queries])                   # [P] all passages
-  n_pass_q = np.fromiter((len(t.passage_sizes) for t in queries), np.int64, nq)
-  n_sent_q = np.fromiter((len(t.lengths) for t in queries), np.int64, nq)
-  n_sent = int(n_sent_q.sum())
-  sent_q = np.repeat(np.arange(nq), n_sent_q)                       # [S] query of a sentence
-  pass_q = np.repeat(np.arange(nq), n_pass_q)                       # [P] query of a passage
-  sent_p = np.repeat(np.arange(len(sizes)), sizes)                  # [S] passage (global)
-  pass_first = _exclusive_cumsum(sizes)                             # [P + 1] first sentence
-  q_first_sent = _exclusive_cumsum(n_sent_q)
-  q_first_pass = _exclusive_cumsum(n_pass_q)
-  empty = lengths == 0                                              # -> one [UNK] token
-  eff = np.maximum(lengths, 1)
-  truncated = eff > capacity[sent_q]                                # -> cut to one window
-  eff = np.minimum(eff, capacity[sent_q])
-
-  # Windows: a passage's sentences in order, a new window when the next one does not fit.
-  # Most passages fit one window; only the others are cut sentence by sentence.
-  cum = _exclusive_cumsum(eff)
-  passage_tokens = cum[pass_first[1:]] - cum[pass_first[:-1]]
-  starts_window = np.zeros(n_sent, bool)
-  starts_window[pass_first[:-1][sizes > 0]] = True
-  for p in np.flatnonzero(passage_tokens > capacity[pass_q]).tolist():
-    cap, used = int(capacity[pass_q[p]]), 0
-    s0 = int(pass_first[p])
-    for j, n in enumerate(eff[s0:pass_first[p + 1]].tolist()):
-      if used and used + n > cap:
-        starts_window[s0 + j] = True
-        used = 0
-      used += n
-  seq_first = np.flatnonzero(starts_window)                         # [K] first sentence
-  n_seq = len(seq_first)
-  window = np.cumsum(starts_window) - 1                             # [S] its sequence
-  seq_sents = np.diff(np.append(seq_first, n_sent))
-  seq_q = sent_q[seq_first]
-  seq_len = q_len[seq_q] + 3 + cum[seq_first + seq_sents] - cum[seq_first]
-
-  node = np.arange(n_sent) - q_first_sent[sent_q]                   # [S] node within its query
+  # The steps (packing_steps), each bucket chosen as soon as its size is known.
+  sents = steps.sentence_table(queries, capacity)
+  seqs = steps.cut_windows(sents, capacity, q_len)
   num_q = bucket_size(max(nq, 1), cfg.query_buckets, "query_buckets")
-  num_n = bucket_size(max(int(n_sent_q.max(initial=0)), 1), cfg.node_buckets, "node_buckets")
+  num_n = bucket_size(max(int(sents.n_sent_q.max(initial=0)), 1), cfg.node_buckets, "node_buckets")
+  place = steps.first_fit(seqs.seq_len, row_len)
+  num_r = bucket_size(max(place.rows, 1), cfg.row_buckets, "row_buckets")
+  num_s = bucket_size(1 + seqs.n_seq + sents.n_sent, cfg.span_buckets, "span_buckets")
+  spans = steps.span_table(sents, seqs, num_s, num_q, num_n)
+  stream = steps.token_stream(sents, seqs, spans, q_tok, q_len, cls_id, sep_id, unk_id)
+  token_arrays = steps.fill_rows(seqs, place, stream, num_r, row_len, pad_id)
+  node_passage, node_sentence = steps.node_positions(sents, num_q, num_n)
 
-  # First-fit decreasing: longest sequences first (ties: creation order), each into the first
-  # row with room.
-  row_of = np.zeros(n_seq, np.int64)
-  offset_of = np.zeros(n_seq, np.int64)
-  segment_of = np.zeros(n_seq, np.int64)
-  free = np.zeros(n_seq, np.int64)
-  filled = np.zeros(n_seq, np.int64)
-  rows = 0
-  lens_list = seq_len.tolist()
-  for i in np.argsort(-seq_len, kind="stable").tolist():
-    n = lens_list[i]
-    r = int(np.argmax(free[:rows] >= n)) if rows else 0
-    if not rows or free[r] < n:
-      r, rows = rows, rows + 1
-      free[r] = row_len
-    offset_of[i] = row_len - free[r]
-    free[r] -= n
-    filled[r] += 1
-    row_of[i], segment_of[i] = r, filled[r]
+  batch = PackedBatch(
+      **token_arrays, span_kind=spans.span_kind, span_query=spans.span_query,
+      span_node=spans.span_node, node_passage=node_passage, node_sentence=node_sentence,
+      node_mask=node_passage >= 0, node_span=spans.node_span, num_queries=nq)
+  info = PackInfo(
+      passages=_passage_report(sents, seqs, nq), query_truncated=query_truncated,
+      num_sequences=seqs.n_seq, num_rows_used=place.rows, real_tokens=len(stream.token_src),
+      computed_tokens=num_r * row_len, row_len=row_len)
+  return batch, info
 
-  num_r = bucket_size(max(rows, 1), cfg.row_buckets, "row_buckets")
-  num_s = bucket_size(1 + n_seq + n_sent, cfg.span_buckets, "span_buckets")
 
-  # Span table in creation order: per sequence its query span, then its sentences' spans.
-  q_span = 1 + np.arange(n_seq) + seq_first                         # [K]
-  s_span = np.arange(n_sent) + window + 2                           # [S]
-  span_kind = np.full((num_s,), SPAN_NONE, np.int32)
-  span_kind[q_span] = SPAN_QUERY
-  span_kind[s_span] = SPAN_SENTENCE
-  span_query = np.zeros((num_s,), np.int32)
-  span_query[s_span] = q_span[window]
-  span_node = np.full((num_s,), -1, np.int32)
-  span_node[s_span] = sent_q * num_n + node
-  node_span = np.zeros((num_q, num_n), np.int32)
-  node_span[sent_q, node] = s_span
-
-  # Token stream of the sequences in creation order, gathered in pieces from one source array:
-  # [CLS] | the query | [SEP] | each sentence (its pool ids, or [UNK] when empty) | [SEP].
-  pool = np.concatenate([p for p, _ in pools.values()]) if len(pools) > 1 else (
-      next(iter(pools.values()))[0] if pools else np.zeros(0, np.int32))
-  base = len(pool)
-  q_start = base + 3 + _exclusive_cumsum(q_len)[:-1]
-  src = np.concatenate([pool, np.asarray([cls_id, sep_id, unk_id], np.int32)] + q_tok
-                       ).astype(np.int32, copy=False)
-  n_pieces = 4 * n_seq + n_sent
-  first_piece = 4 * np.arange(n_seq) + seq_first                    # [K]
-  piece_src = np.empty(n_pieces, np.int64)
-  piece_len = np.ones(n_pieces, np.int64)
-  piece_span = np.zeros(n_pieces, np.int64)
-  piece_src[first_piece] = base                                     # [CLS]
-  piece_src[first_piece + 1] = q_start[seq_q]
-  piece_len[first_piece + 1] = q_len[seq_q]
-  piece_span[first_piece + 1] = q_span
-  piece_src[first_piece + 2] = base + 1                             # [SEP]
-  sent_piece = 4 * window + np.arange(n_sent) + 3
-  piece_src[sent_piece] = np.where(empty, base + 2, starts)
-  piece_len[sent_piece] = eff
-  piece_span[sent_piece] = s_span
-  piece_src[first_piece + 3 + seq_sents] = base + 1                 # closing [SEP]
-  token_src = _ranges(piece_src, piece_len)
-  real = len(token_src)
-
-  # Scatter the stream into the rows: sequence k at (row_of[k], offset_of[k]).
-  seq_start = _exclusive_cumsum(seq_len)[:-1]
-  pos = np.arange(real, dtype=np.int64) - np.repeat(seq_start, seq_len)
-  dest = np.repeat(row_of * row_len + offset_of, seq_len) + pos
-  input_ids = np.full((num_r, row_len), pad_id, np.int32)
-  attention_mask = np.zeros((num_r, row_len), np.int32)
-  segment_ids = np.zeros((num_r, row_len), np.int32)
-  position_ids = np.zeros((num_r, row_len), np.int32)
-  span_ids = np.zeros((num_r, row_len), np.int32)
-  input_ids.reshape(-1)[dest] = src[token_src]
-  attention_mask.reshape(-1)[dest] = 1
-  segment_ids.reshape(-1)[dest] = np.repeat(segment_of, seq_len)
-  position_ids.reshape(-1)[dest] = pos
-  span_ids.reshape(-1)[dest] = np.repeat(piece_span, piece_len)
-
-  node_passage = np.full((num_q, num_n), -1, np.int32)
-  node_sentence = np.full((num_q, num_n), -1, np.int32)
-  node_passage[sent_q, node] = sent_p - q_first_pass[sent_q]
-  node_sentence[sent_q, node] = np.arange(n_sent) - pass_first[sent_p]
-
-  # Per-passage report: windows, and the (rare) truncated and empty sentences.
-  windows = np.bincount(sent_p[seq_first], minlength=len(sizes)).tolist()
+def _passage_report(sents: steps.Sentences, seqs: steps.Sequences, nq: int
+                    ) -> tuple[tuple[PassagePackInfo, ...], ...]:
+  """Per-passage report, [query][passage]: windows, and the (rare) truncated and empty
+  sentences."""
+  sent_p, pass_first, sizes = sents.sent_p, sents.pass_first, sents.sizes
+  q_first_pass = sents.q_first_pass
+  windows = np.bincount(sent_p[seqs.seq_first], minlength=len(sizes)).tolist()
   flagged = {}
-  for key, mask in (("truncated", truncated), ("empty", empty)):
+  for key, mask in (("truncated", sents.truncated), ("empty", sents.empty)):
     for s in np.flatnonzero(mask).tolist():
       p = int(sent_p[s])
       flagged.setdefault((key, p), []).append(s - int(pass_first[p]))
   infos = [PassagePackInfo(windows[p], tuple(flagged.get(("truncated", p), ())),
                            tuple(flagged.get(("empty", p), ()))) for p in range(len(sizes))]
-  passage_infos = tuple(tuple(infos[q_first_pass[q]:q_first_pass[q + 1]]) for q in range(nq))
-
-  batch = PackedBatch(
-      input_ids=input_ids, attention_mask=attention_mask, segment_ids=segment_ids,
-      position_ids=position_ids, span_ids=span_ids, span_kind=span_kind, span_query=span_query,
-      span_node=span_node, node_passage=node_passage, node_sentence=node_sentence,
-      node_mask=node_passage >= 0, node_span=node_span, num_queries=nq)
-  info = PackInfo(
-      passages=passage_infos, query_truncated=query_truncated, num_sequences=n_seq,
-      num_rows_used=rows, real_tokens=real, computed_tokens=num_r * row_len, row_len=row_len)
-  return batch, info
+  return tuple(tuple(infos[q_first_pass[q]:q_first_pass[q + 1]]) for q in range(nq))
 
 
 def pack_tokenized_for_model(queries: Sequence[TokenizedQuery], special: tuple[int, int, int, int],
@@ -523,7 +405,7 @@ def pack_tokenized_for_model(queries: Sequence[TokenizedQuery], special: tuple[i
     n = len(q.lengths)
     node_passage[qi, :n] = np.repeat(np.arange(len(q.passage_sizes)), q.passage_sizes)
     node_sentence[qi, :n] = np.arange(n) - np.repeat(
-        _exclusive_cumsum(q.passage_sizes)[:-1], q.passage_sizes)
+        exclusive_cumsum(q.passage_sizes)[:-1], q.passage_sizes)
   return dataclasses.replace(batch, node_passage=node_passage, node_sentence=node_sentence), info
 
 

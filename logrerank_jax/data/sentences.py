@@ -5,7 +5,8 @@ Two segmenters, chosen with `split_sentences(text, backend=...)`:
     segmenter, ~0.02 ms per abstract; its pieces tile the text exactly, so
     offsets are cumulative lengths;
   * "pysbd": the previous segmenter (rule-based, pure Python, ~70x slower),
-    kept for comparison (tools/splitter_report.py, docs/SENTENCES.md).  pysbd
+    kept for comparison (tools/splitter_report.py, docs/SENTENCES.md); an
+    optional dependency (`pip install "logrerank_jax[compare]"`).  pysbd
     returns sentence strings; their offsets are recovered by aligning the
     non-whitespace characters of each segment to the input, so offsets are
     exact even where pysbd's own `char_span` mode is not.
@@ -45,7 +46,7 @@ import functools
 import re
 from typing import NamedTuple, Optional
 
-from logrerank_jax.errors import DataError
+from logrerank_jax.errors import ConfigError, DataError
 
 
 class Sentence(NamedTuple):
@@ -143,7 +144,12 @@ def _segmenter(backend: str = DEFAULT_BACKEND):
   """Return the shared segmenter of `backend` (rules compile once)."""
   if backend == "sentencex":
     return _SentencexSegmenter()
-  import pysbd  # pylint: disable=g-import-not-at-top
+  # pysbd is optional (the `compare` extra): imported only when its backend is asked for.
+  try:
+    import pysbd  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise ConfigError('the "pysbd" sentence splitter backend needs pysbd, which is not installed: '
+                      'pip install "logrerank_jax[compare]"') from e
   return pysbd.Segmenter(language="en", clean=False, char_span=False)
 
 
@@ -328,6 +334,7 @@ def split_sentences(text: str, backend: Optional[str] = None) -> list[Sentence]:
 
   Raises:
     DataError: `text` is not a string, or `backend` is unknown.
+    ConfigError: `backend` is "pysbd" and pysbd is not installed.
   """
   if not isinstance(text, str):
     raise DataError(f"split_sentences expects a str, got {type(text).__name__}")

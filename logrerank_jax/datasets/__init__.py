@@ -4,4 +4,5 @@
   pools, bm25                                    evaluation pools from gold + BM25 negatives
   construction/                                  the paper's Appendix-B training-data construction
   splitter_cases                                 the sentence splitter's tricky cases (a report)
+  wordpiece                                      deterministic WordPiece training (tests, demo)
 """

@@ -5,8 +5,8 @@ requests it raises `QueueFull`, the server's 429). A gather thread takes what ar
 short window after the first request, up to a token budget (`max_batch_tokens`, counted as the
 real tokens the local stage will run for each request, so a batch is a fixed amount of device
 work; a request larger than the budget goes alone, never cut), and does the batch's host work
-(tokenise, plan and pack its local calls: `Reranker.prepare`). One engine thread scores the
-prepared batches in order (`Reranker.score_chunk`: the local stage packed across the batch's
+(tokenise, plan and pack its local calls: `EngineCore.prepare`). One engine thread scores the
+prepared batches in order (`EngineCore.score_chunk`: the local stage packed across the batch's
 requests, the global stage on each query's own whole graph) and resolves each request's future.
 The gather thread prepares batch k+1 while the engine runs batch k, then waits for the engine
 to take it before gathering batch k+2: what arrives meanwhile waits in the bounded queue (and
@@ -82,15 +82,17 @@ class _Item:
 
 
 class Batcher:
-  """A bounded request queue in front of one `Reranker`, scored in batches on one thread."""
+  """A bounded request queue in front of one engine core, scored in batches on one thread."""
 
-  def __init__(self, reranker, max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+  def __init__(self, core, max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
                max_queue: int = DEFAULT_MAX_QUEUE, window_s: float = DEFAULT_WINDOW_S,
                on_batch: Optional[Callable[[int, int, float], None]] = None):
     """Start the gather and engine threads.
 
     Args:
-      reranker: a loaded `Reranker` (only this batcher's threads may drive it from now on).
+      core: a loaded `engine.core.EngineCore` (a `Reranker` is one): its `tokenizer`,
+        `record_tokens`, `prepare` and `score_chunk` (only this batcher's threads may drive it
+        from now on).
       max_batch_tokens: token budget of a batch (module docstring).
       max_queue: waiting requests before `submit` raises `QueueFull`.
       window_s: gather window after the first request of an idle period.
@@ -101,7 +103,7 @@ class Batcher:
         raise ValueError(f"{name} must be a positive int, got {v!r}")
     if not window_s >= 0:
       raise ValueError(f"window_s must be >= 0, got {window_s!r}")
-    self.reranker = reranker
+    self.core = core
     self.max_batch_tokens = max_batch_tokens
     self.max_queue = max_queue
     self.window_s = float(window_s)
@@ -117,7 +119,7 @@ class Batcher:
     self._recent = collections.deque(maxlen=16)
     self.batches = 0
     # The gather thread tokenises with its own copy (a HF fast tokenizer is not thread-safe).
-    self._tokenizer = copy.deepcopy(reranker.tokenizer)
+    self._tokenizer = copy.deepcopy(core.tokenizer)
     self._threads = [threading.Thread(target=self._gather_loop, name="batcher-gather", daemon=True),
                      threading.Thread(target=self._engine_loop, name="batcher-engine", daemon=True)]
     for t in self._threads:
@@ -183,7 +185,7 @@ class Batcher:
 
   def _count(self, item: _Item) -> int:
     try:
-      item.tokens = self.reranker.record_tokens([item.record], self._tokenizer)[0]
+      item.tokens = self.core.record_tokens([item.record], self._tokenizer)[0]
     except Exception:  # pylint: disable=broad-except  (its error surfaces when the batch is
       item.tokens = 0  # scored, on the engine thread, for this request only)
     return item.tokens
@@ -221,7 +223,7 @@ class Batcher:
       self._done(len(batch) - len(live))
       if live:
         try:
-          jobs = self.reranker.prepare([it.record for it in live], self._tokenizer)
+          jobs = self.core.prepare([it.record for it in live], self._tokenizer)
         except Exception as e:  # pylint: disable=broad-except  (an internal fault: fail the batch)
           jobs = e
         self._handoff.put((live, jobs))
@@ -241,7 +243,7 @@ class Batcher:
       try:
         if isinstance(jobs, Exception) and not isinstance(jobs, LogRerankError):
           raise jobs
-        results = self.reranker.score_chunk([it.record for it in items], jobs)
+        results = self.core.score_chunk([it.record for it in items], jobs)
       except Exception as e:  # pylint: disable=broad-except  (internal fault: every request of
         log.exception("batch of %d requests failed", len(items))  # the batch gets a 500)
         for it in items:

@@ -6,7 +6,7 @@ stage (`LoGReranker.local_nodes`) and global stage (`LoGReranker.global_logits`,
 alone for a model without a global stage), and one compiled executable per (stage, shapes). Jobs
 of one shape run `num_devices` at a time as one data-parallel step (`run_stacked`); a short stack
 is padded with inert calls whose outputs are dropped. It knows nothing about records or packing:
-the planner (`serving.planner`) hands it model arrays.
+the planner (`engine.planner`) hands it model arrays.
 
 Compilation count.  `compile_stats()["xla_compilations"]` counts the
 `/jax/core/compile/backend_compile_duration` events (`jax.monitoring`) fired while this engine
@@ -16,7 +16,7 @@ distinct (stage, shapes) executables. Engines of one config on one device set sh
 stages (`stage_jits`), so an executable another such engine built is reused, not compiled or
 counted again.
 
-Not thread-safe: one thread drives an engine (the caller of `Reranker.score`, or the serving
+Not thread-safe: one thread drives an engine (the caller of `EngineCore.score`, or the serving
 batcher's engine thread).
 """
 
@@ -64,7 +64,7 @@ def local_forward(params, arrays, cfg):
 
 
 def prior_forward(params, arrays, cfg):
-  """Jitted split dense prior pass over rows in the split layout (`serving.prior_cache`): the
+  """Jitted split dense prior pass over rows in the split layout (`engine.prior_cache`): the
   pooled spans [S, d] the local forward then reads as `prior_pooled`."""
   return lr.LoGReranker(cfg).apply({"params": {"local": params["local"]}}, arrays,
                                    method=lr.LoGReranker.prior_spans)
@@ -154,7 +154,7 @@ class Engine:
       cfg: its `LoGConfig`.
       devices: the devices to shard calls over (default `jax.local_devices()`).
       prior_cache_segments: for a split dense prior, the distinct segments whose prior pass
-        is kept (`serving.prior_cache`); 0 runs the pass inside every local call instead.
+        is kept (`engine.prior_cache`); 0 runs the pass inside every local call instead.
     """
     from jax.sharding import NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
     if cfg.use_global and "global" not in params:
@@ -169,7 +169,7 @@ class Engine:
     self.params = jax.device_put(params, NamedSharding(self.mesh, PartitionSpec()))
     self._jits = stage_jits(cfg, tuple(self.devices))
     # The split dense prior's pass runs once per distinct segment, outside the local forward
-    # (`serving.prior_cache`); None for a model without one, or when turned off.
+    # (`engine.prior_cache`); None for a model without one, or when turned off.
     self.prior_cache = (PriorCache(prior_cache_segments)
                         if prior_cache_segments and uses_split_prior(cfg.local_scorer_config)
                         else None)

@@ -1,6 +1,6 @@
 """Host pipeline: the host work of the next chunks of records runs ahead of the devices.
 
-`Reranker.score` cuts the records into chunks of `DEFAULT_CHUNK_RECORDS`; the host work of a
+`EngineCore.score` cuts the records into chunks of `DEFAULT_CHUNK_RECORDS`; the host work of a
 chunk (tokenising, planning and packing its local calls: `Planner.local_jobs`) runs on
 `host_workers` Grain worker threads while the caller drives the devices, in input order, so
 outputs are identical to the serial engine's (`host_workers=0`).
@@ -16,7 +16,7 @@ from logrerank_jax.errors import LogRerankError
 # call of a chunk is partial. Fixed (not a multiple of the device count) so that the calls, and
 # so the scores, are the same on any number of devices.
 DEFAULT_CHUNK_RECORDS = 32
-# Host threads preparing the next chunks while the devices run (`Reranker.score`). One keeps the
+# Host threads preparing the next chunks while the devices run (`EngineCore.score`). One keeps the
 # device fed when host work per chunk is below device work (true with the compiled splitter);
 # on a CPU-only machine it shares the cores with XLA, so more would only contend.
 DEFAULT_HOST_WORKERS = 1
@@ -27,11 +27,11 @@ def chunk_indices(n: int, size: int) -> List[List[int]]:
   return [list(range(s, min(s + size, n))) for s in range(0, n, size)]
 
 
-def prepared_chunks(records: Sequence, chunks: List[List[int]], prepare: Callable,
+def prepared_chunks(records: Sequence, chunk_records: int, prepare: Callable,
                     tokenizer, host_workers: int
                     ) -> Iterator[Tuple[List[int], Union[list, LogRerankError]]]:
-  """Yield (chunk indices, `prepare(chunk records, tokenizer)` or the LogRerankError it
-  raised), in chunk order.
+  """Cut `records` into chunks of `chunk_records` (`chunk_indices`) and yield (chunk indices,
+  `prepare(chunk records, tokenizer)` or the LogRerankError it raised), in chunk order.
 
   Serial when `host_workers` is 0 or there is one chunk; otherwise a Grain `MapDataset` over
   the chunks, read by `host_workers` threads with a prefetch of as many chunks, so the host
@@ -42,7 +42,7 @@ def prepared_chunks(records: Sequence, chunks: List[List[int]], prepare: Callabl
 
   Args:
     records: the records.
-    chunks: lists of record indices.
+    chunk_records: records per chunk.
     prepare: `prepare(records, tokenizer=None)` -> the chunk's jobs (`Planner.local_jobs`).
     tokenizer: the tokenizer the worker threads copy.
     host_workers: worker threads (0: serial, on the caller's thread and tokenizer).
@@ -53,6 +53,7 @@ def prepared_chunks(records: Sequence, chunks: List[List[int]], prepare: Callabl
     except LogRerankError as e:  # the consumer retries the chunk record by record
       return idx, e
 
+  chunks = chunk_indices(len(records), chunk_records)
   if host_workers == 0 or len(chunks) < 2:
     for idx in chunks:
       yield run(idx)

@@ -321,6 +321,19 @@ class Planner:
                   [s for s, i in enumerate(mine) if i.empty_sentences]))
     return out
 
+  def packed_passages(self, records: Sequence[InferenceRecord], jobs: list):
+    """What packing the local `jobs` did to each record, known before they run: per record
+    {passage: (windows, truncated sentences, empty sentences)} (`passage_info_of`) and
+    whether its query was cut to the query token limit."""
+    windows = [dict() for _ in records]  # per record: pi -> (windows, trunc, empty)
+    truncated_q = [False] * len(records)
+    for _, (part, _, info) in jobs:
+      for slot, (ri, pis) in enumerate(part):
+        truncated_q[ri] |= bool(info.query_truncated[slot])
+        for lp, pinfo in zip(pis, self.passage_info_of(records[ri], pis, info.passages[slot])):
+          windows[ri][lp] = pinfo
+    return windows, truncated_q
+
   # ------------------------------------------------------------------------------- global
 
   def global_jobs(self, nodes: List[List[tuple]]) -> list:

@@ -165,7 +165,7 @@ class PriorCache:
 
   @staticmethod
   def example(planner, rows: int, spans: int) -> dict:
-    """Empty arrays of one prior call of this shape (what `Reranker.precompile` compiles)."""
+    """Empty arrays of one prior call of this shape (what `EngineCore.precompile` compiles)."""
     return pack_units([], planner.packing.row_len, rows, spans)[0]
 
   def _encode(self, engine, planner, units: List[Unit]) -> None:

@@ -1,8 +1,9 @@
 """One group of records through both stages: local calls, whole-graph global calls, scores.
 
-`score_group` is the engine's unit of work. The Python API (`Reranker.score`), the batch CLI and
-the HTTP server's batcher all score records through it, so a request's scores do not depend on
-the door it came in by (only on float rounding of the shapes it was packed into).
+`score_group` is the engine's unit of work. The Python API (`EngineCore.score`, which `Reranker`
+inherits), the batch CLI and the HTTP server's batcher all score records through it, so a
+request's scores do not depend on the door it came in by (only on float rounding of the shapes
+it was packed into).
 """
 
 from typing import List, Optional, Sequence, Tuple
@@ -31,24 +32,21 @@ def local_nodes(engine: Engine, planner: Planner, records: Sequence[InferenceRec
     what inference feeds it.
   """
   nodes: List[List[tuple]] = [[] for _ in records]   # per record: (pi, si, h, roles, z, logit)
-  windows = [dict() for _ in records]                # per record: pi -> (windows, trunc, empty)
-  truncated_q = [False] * len(records)
   if jobs is None:
     jobs = planner.local_jobs(records)
+  # Host facts of the packing (passage windows, cut queries): known before the devices run.
+  windows, truncated_q = planner.packed_passages(records, jobs)
   if engine.prior_cache is not None:
     jobs = engine.prior_cache.attach(engine, planner, jobs)
   for (part, arrays, info), out in engine.run_stacked("local", jobs):
     engine.tokens["real"] += info.real_tokens
     node_passage, node_mask = arrays["node_passage"], arrays["node_mask"]
     for slot, (ri, pis) in enumerate(part):
-      truncated_q[ri] |= bool(info.query_truncated[slot])
       for ni in np.flatnonzero(node_mask[slot]):
         # node n of a slot is its n-th sentence in passage order (packer contract)
         lp = int(node_passage[slot, ni])
         nodes[ri].append((pis[lp], out["h"][slot, ni], out["role_probs"][slot, ni],
                           float(out["local_score"][slot, ni]), float(out["local_logit"][slot, ni])))
-      for lp, pinfo in zip(pis, planner.passage_info_of(records[ri], pis, info.passages[slot])):
-        windows[ri][lp] = pinfo
   # Sentence index of each node: a passage's nodes are its sentences in order, all in one
   # slot (packer contract), so counting them per passage recovers the index.
   for ri in range(len(records)):

@@ -74,6 +74,8 @@ from logrerank_jax.schema import NUM_ROLES, SPAN_SENTENCE, TOKEN_KEYS
 from logrerank_jax.models.encoders.bert import BertConfig, BertEncoder
 from logrerank_jax.models.encoders.hf_common import read_hf_config
 from logrerank_jax.models.encoders.modernbert import ModernBertConfig, ModernBertEncoder
+from logrerank_jax.models.dense_prior import dense_prior_term, segment_means, split_query_passage
+from logrerank_jax.models.spans import pair_token_types, pool_spans
 
 # Encoder family name -> its config class (the name is what model_config.json records).
 ENCODER_FAMILIES = {"modernbert": ModernBertConfig, "bert": BertConfig}
@@ -226,123 +228,6 @@ class _Mlp(nn.Module):
     return nn.Dense(self.out, dtype=jnp.float32, kernel_init=kernel_init, name="out")(x)
 
 
-def pool_spans(hidden, span_ids, num_spans: int):
-  """Mean-pool token states per span over a packed batch.
-
-  Args:
-    hidden: [R, L, d] token states (any float dtype).
-    span_ids: [R, L] int32, 0 = token not pooled, else a span index in [1, num_spans).
-    num_spans: S, the span-table length (static).
-
-  Returns:
-    (pooled [S, d] float32, counts [S] float32); spans without tokens (and span 0) are zero.
-  """
-  d = hidden.shape[-1]
-  flat_h = hidden.reshape(-1, d).astype(jnp.float32)  # [R*L, d]
-  flat_s = span_ids.reshape(-1).astype(jnp.int32)  # [R*L]
-  # Span 0 collects CLS/SEP/padding; weight them out so pooled[0] is a clean zero.
-  w = (flat_s > 0).astype(jnp.float32)  # [R*L]
-  sums = jax.ops.segment_sum(flat_h * w[:, None], flat_s, num_segments=num_spans)  # [S, d]
-  counts = jax.ops.segment_sum(w, flat_s, num_segments=num_spans)  # [S]
-  pooled = sums / jnp.maximum(counts, 1.0)[:, None]
-  return pooled, counts
-
-
-def _segment_starts(segment_ids):
-  """(index of each token in its row, index of its segment's first token), both [R, L] int32;
-  a segment is a contiguous run of one `segment_ids` value."""
-  pos = jnp.broadcast_to(jnp.arange(segment_ids.shape[1], dtype=jnp.int32), segment_ids.shape)
-  boundary = jnp.concatenate([jnp.ones_like(segment_ids[:, :1], bool),
-                              segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
-  return pos, jax.lax.cummax(jnp.where(boundary, pos, 0), axis=1)
-
-
-def pair_token_types(span_ids, span_kind, segment_ids):
-  """BERT sentence-pair token types of packed rows, derived from the span table.
-
-  In each packed sequence `[CLS] q [SEP] s_1 ... s_m [SEP]`, a token is type 1 when it is a
-  sentence token or follows one within its segment (so the sentences and the final [SEP]),
-  else 0 (`[CLS]`, the query, its [SEP]; padding). Segments are contiguous runs of one
-  `segment_ids` value, as the packer lays them out.
-
-  Args:
-    span_ids: [R, L] int32 span of each token (0 = not pooled).
-    span_kind: [S] int32 kind of each span.
-    segment_ids: [R, L] int32, 0 = padding.
-
-  Returns:
-    [R, L] int32 token types in {0, 1}.
-  """
-  is_sent = (jnp.take(span_kind, span_ids, mode="clip") == SPAN_SENTENCE).astype(jnp.int32)
-  seen = jnp.cumsum(is_sent, axis=1)  # sentence tokens at or before each position  [R, L]
-  _, start = _segment_starts(segment_ids)
-  before = jnp.take_along_axis(seen - is_sent, start, axis=1)  # sentence tokens before it
-  return ((seen - before > 0) & (segment_ids > 0)).astype(jnp.int32)
-
-
-def segment_means(hidden, segment_ids):
-  """Every token's mean of the token states of its attention segment.
-
-  Args:
-    hidden: [R, L, d] token states (any float dtype).
-    segment_ids: [R, L] int32, contiguous runs of one value (0 = padding).
-
-  Returns:
-    [R, L, d] float32; padding tokens hold zeros.
-  """
-  r, l, d = hidden.shape
-  _, start = _segment_starts(segment_ids)
-  # One sum per (row, first token of the segment): exact sums, no cumulative rounding.
-  key = (jnp.arange(r, dtype=jnp.int32)[:, None] * l + start).reshape(-1)  # [R*L]
-  w = (segment_ids > 0).reshape(-1).astype(jnp.float32)  # [R*L]
-  flat = hidden.reshape(-1, d).astype(jnp.float32) * w[:, None]
-  sums = jax.ops.segment_sum(flat, key, num_segments=r * l)  # [R*L, d]
-  counts = jax.ops.segment_sum(w, key, num_segments=r * l)  # [R*L]
-  means = jnp.take(sums, key, axis=0) / jnp.maximum(jnp.take(counts, key), 1.0)[:, None]
-  return (means * w[:, None]).reshape(r, l, d)
-
-
-def split_query_passage(input_ids, span_ids, span_kind, segment_ids, position_ids,
-                        passage_cls: bool = True):
-  """Token ids, segments and positions that encode each packed sequence as a bi-encoder would.
-
-  Every sequence `[CLS] q [SEP] s_1 ... s_m [SEP]` becomes two attention segments, so the
-  query's states are those of the query encoded alone and the passage's those of the passage
-  alone; the sentence spans keep their tokens, so `pool_spans` pools them as before.
-
-  * `passage_cls=True`: `[CLS] q` (positions unchanged, 0 ...) and `[CLS] s_1 ... s_m [SEP]`,
-    whose `[CLS]` is the query's closing `[SEP]` slot with the sequence's first token id put in
-    it, at position 0: the passage exactly as the bi-encoder encodes it. The row has one slot
-    between the two sides, and the passage needs it more: all-MiniLM-L6-v2's ranking of the
-    ScholarQA-CS pools is 78.7 nDCG@10 without the passage's [CLS] and 82.5 with it and
-    without the query's [SEP] (82.2 with both; docs/DEMO.md, probe "CLS").
-  * `passage_cls=False` (models trained before the option): `[CLS] q [SEP]` and
-    `s_1 ... s_m [SEP]` (positions restarted at 1, the slot after an absent `[CLS]`).
-
-  Args:
-    input_ids, span_ids, segment_ids, position_ids: [R, L] int32 (contract C5).
-    span_kind: [S] int32.
-    passage_cls: the layout above.
-
-  Returns:
-    (input_ids, segment_ids, position_ids), each [R, L] int32; padding keeps segment 0.
-  """
-  part = pair_token_types(span_ids, span_kind, segment_ids)  # 0 query side, 1 passage side
-  if passage_cls:
-    # The query side's last token is the one just before a passage-side token (the passage
-    # side never opens a segment: a segment starts with [CLS], query side).
-    after = jnp.concatenate([part[:, 1:], jnp.zeros_like(part[:, :1])], axis=1)
-    opener = (part == 0) & (after == 1) & (segment_ids > 0)
-    _, first = _segment_starts(segment_ids)
-    input_ids = jnp.where(opener, jnp.take_along_axis(input_ids, first, axis=1), input_ids)
-    part = part | opener.astype(part.dtype)
-  seg = jnp.where(segment_ids > 0, 2 * segment_ids + part, 0)
-  pos, start = _segment_starts(seg)
-  offset = 0 if passage_cls else 1
-  return (input_ids, seg,
-          jnp.where(part > 0, pos - start + offset, position_ids).astype(jnp.int32))
-
-
 class LocalScorer(nn.Module):
   """Encoder + span pooling + intent/role heads + local MLP (eq 1-6)."""
   cfg: LocalScorerConfig
@@ -406,20 +291,8 @@ class LocalScorer(nn.Module):
     h_s = pooled  # [S, d]
     h_q = jnp.take(pooled, q_idx, axis=0)  # [S, d]
 
-    uniform = jnp.full((num_spans, NUM_ROLES), 1.0 / NUM_ROLES, jnp.float32)
-    if cfg.use_intent_head:
-      intent_logits = _Mlp(cfg.intent_hidden, NUM_ROLES, cfg.dropout, name="intent_mlp")(
-          h_q, deterministic)  # [S, 3]
-      intent_probs = jax.nn.softmax(intent_logits, axis=-1)
-    else:
-      intent_probs = uniform
-    if cfg.use_role_head:
-      role_logits = _Mlp(cfg.role_hidden, NUM_ROLES, cfg.dropout, name="role_mlp")(
-          h_s, deterministic)  # [S, 3]
-      role_probs = jax.nn.softmax(role_logits, axis=-1)
-    else:
-      role_logits = jnp.zeros((num_spans, NUM_ROLES), jnp.float32)
-      role_probs = uniform
+    intent_probs, role_logits, role_probs = _intent_and_role(cfg, h_q, h_s, num_spans,
+                                                             deterministic)
 
     g = nn.Dense(cfg.g_dim, use_bias=False, dtype=jnp.float32, name="proj_g")(
         intent_probs * role_probs)  # [S, g_dim]
@@ -427,37 +300,49 @@ class LocalScorer(nn.Module):
     logit = _Mlp(cfg.local_hidden, 1, cfg.dropout, zero_out=cfg.local_head_zero_init,
                  name="local_mlp")(x, deterministic)[:, 0]  # [S]
     if cfg.use_dense_prior:
-      scale = self.param("dense_prior_scale",
-                         lambda _, shape: jnp.full(shape, cfg.dense_prior, jnp.float32), (1,))
-      if cfg.dense_prior_encoding == "split":
-        if prior_pooled is None:
-          pooled2 = prior_pass(*split_query_passage(input_ids, span_ids, span_kind, segment_ids,
-                                                    position_ids, cfg.dense_prior_passage_cls))
-        else:
-          pooled2 = jnp.asarray(prior_pooled, jnp.float32)
-        if not cfg.dense_prior_gradient:
-          pooled2 = jax.lax.stop_gradient(pooled2)  # [S, d]
-        p_s, p_q = pooled2, jnp.take(pooled2, q_idx, axis=0)
-      else:
-        p_s, p_q = h_s, h_q
-      # Norms from clamped squared sums: padding spans hold zero vectors, and the gradient of
-      # jnp.linalg.norm at 0 is NaN (0 * NaN survives a jnp.maximum).
-      norm = lambda x: jnp.sqrt(jnp.maximum(jnp.sum(x * x, -1), 1e-12))  # noqa: E731
-      cos = jnp.sum(p_q * p_s, -1) / (norm(p_q) * norm(p_s))
-      logit = logit + scale[0] * cos  # [S]
+      split_rows = lambda: split_query_passage(input_ids, span_ids, span_kind, segment_ids,
+                                               position_ids, cfg.dense_prior_passage_cls)
+      logit = logit + dense_prior_term(self, cfg, prior_pass, split_rows, prior_pooled, q_idx,
+                                       h_q, h_s)  # [S]
+    return _sentence_outputs(cfg, is_sent, h_s, h_q, role_logits, role_probs, intent_probs,
+                             logit)
 
-    m = is_sent.astype(jnp.float32)
-    out = {
-        "h": h_s * m[:, None],
-        "h_query": h_q * m[:, None],
-        "role_logits": role_logits * m[:, None],
-        "role_probs": role_probs * m[:, None],
-        "intent_probs": intent_probs * m[:, None],
-        "local_logit": logit * m,
-        "local_score": jax.nn.sigmoid(logit / cfg.score_temperature) * m,
-        "span_mask": is_sent,
-    }
-    return out
+
+def _intent_and_role(cfg, h_q, h_s, num_spans, deterministic):
+  """gamma (eq 2) and r (eq 3): (intent_probs, role_logits, role_probs) [S, 3] float32; an
+  ablated head has no MLP and gives the uniform 1/3 (its role logits are zeros). Called inside
+  `LocalScorer.__call__`, so the MLPs are its submodules."""
+  uniform = jnp.full((num_spans, NUM_ROLES), 1.0 / NUM_ROLES, jnp.float32)
+  if cfg.use_intent_head:
+    intent_logits = _Mlp(cfg.intent_hidden, NUM_ROLES, cfg.dropout, name="intent_mlp")(
+        h_q, deterministic)  # [S, 3]
+    intent_probs = jax.nn.softmax(intent_logits, axis=-1)
+  else:
+    intent_probs = uniform
+  if cfg.use_role_head:
+    role_logits = _Mlp(cfg.role_hidden, NUM_ROLES, cfg.dropout, name="role_mlp")(
+        h_s, deterministic)  # [S, 3]
+    role_probs = jax.nn.softmax(role_logits, axis=-1)
+  else:
+    role_logits = jnp.zeros((num_spans, NUM_ROLES), jnp.float32)
+    role_probs = uniform
+  return intent_probs, role_logits, role_probs
+
+
+def _sentence_outputs(cfg, is_sent, h_s, h_q, role_logits, role_probs, intent_probs, logit):
+  """The per-span output dict of `LocalScorer.__call__`, zeroed outside sentence spans."""
+  m = is_sent.astype(jnp.float32)
+  out = {
+      "h": h_s * m[:, None],
+      "h_query": h_q * m[:, None],
+      "role_logits": role_logits * m[:, None],
+      "role_probs": role_probs * m[:, None],
+      "intent_probs": intent_probs * m[:, None],
+      "local_logit": logit * m,
+      "local_score": jax.nn.sigmoid(logit / cfg.score_temperature) * m,
+      "span_mask": is_sent,
+  }
+  return out
 
 
 def score_batch(module: LocalScorer, params, batch: Mapping[str, Any], deterministic: bool = True,

@@ -153,15 +153,3 @@ class JinaRerankResponse(BaseModel):
   usage: Usage
   results: List[JinaResult]
 
-
-class TeiRank(BaseModel):
-  index: int
-  score: float
-  text: Optional[str] = None
-
-
-class ErrorBody(BaseModel):
-  message: str      # Cohere's field
-  error: str        # TEI's fields
-  error_type: str
-  request_id: str

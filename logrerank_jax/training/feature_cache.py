@@ -79,19 +79,20 @@ def compute_features(cfg: LoGConfig, local_params, units, tokenizer, packing_cfg
 
 
 def local_reranker(cfg: LoGConfig, params, tokenizer, row_len: int, max_query_tokens: int):
-  """The inference engine over a model's local stage alone (`serving.Reranker`, use_global off),
-  packing as a training run with these row and query limits packs: what the local stage's
-  validation and the global stage's feature cache both score through."""
-  from logrerank_jax.engine import Reranker, default_packing_config  # pylint: disable=g-import-not-at-top
+  """The inference engine over a model's local stage alone (`engine.EngineCore`, the core of
+  `Reranker`, use_global off), packing as a training run with these row and query limits
+  packs: what the local stage's validation and the global stage's feature cache both score
+  through."""
+  from logrerank_jax.engine import EngineCore, default_packing_config  # pylint: disable=g-import-not-at-top
   local_cfg = dataclasses.replace(cfg, use_global=False)
-  return Reranker(params, local_cfg, tokenizer, host_workers=0,
-                  packing=default_packing_config(local_cfg, row_len, max_query_tokens))
+  return EngineCore(params, local_cfg, tokenizer, host_workers=0,
+                    packing=default_packing_config(local_cfg, row_len, max_query_tokens))
 
 
 def engine_features(cfg: LoGConfig, local_params, units, tokenizer, row_len: int,
                     max_query_tokens: int) -> List[Dict[str, np.ndarray]]:
   """The frozen local model's per-query node features and labels, computed by the inference
-  engine (`serving.scorer.local_nodes`): the calls, row buckets and node order (passage, then
+  engine (`EngineCore.local_nodes`): the calls, row buckets and node order (passage, then
   sentence) that `tools/evaluate.py` and the server give the exported model, so the GAT trains
   on the features it will be fed. Each call is filled with the passages of several queries in
   fine row buckets, where `compute_features` padded whole groups of queries to power-of-two
@@ -107,12 +108,12 @@ def engine_features(cfg: LoGConfig, local_params, units, tokenizer, row_len: int
 
 def reranker_features(rr, units) -> List[Dict[str, np.ndarray]]:
   """`engine_features` through an existing `local_reranker` (its params as they are now): the
-  local stage validates through this, and keeps the result for the global stage."""
-  from logrerank_jax.engine.scorer import local_nodes  # pylint: disable=g-import-not-at-top
+  local stage validates through this, and keeps the result for the global stage. `rr` is an
+  `engine.EngineCore`: its `chunks` (those `score` scores) and `local_nodes`."""
   out: List[Dict[str, np.ndarray]] = []
   for chunk in rr.chunks(len(units)):
     share = [units[i] for i in chunk]
-    nodes = local_nodes(rr.engine, rr.planner, [data_lib.unit_record(u) for u in share])[0]
+    nodes = rr.local_nodes([data_lib.unit_record(u) for u in share])[0]
     for u, ns in zip(share, nodes):
       ns.sort(key=lambda t: (t[0], t[1]))  # passage order, as one joint packing gives them
       counts = np.bincount([t[0] for t in ns], minlength=len(u.passage_ids))

@@ -2,7 +2,7 @@
 attention kernels skip what the segment (and window) mask discards, and the work they count.
 
 A query sees the keys of its own nonzero segment, within `window` positions on window layers
-(`modernbert.attention_mask_matrix`). `token_key_ranges` bounds that set by one index range
+(`reference.attention_mask_matrix`). `token_key_ranges` bounds that set by one index range
 [lo, hi] per token:
 - when `positions_follow_tokens` holds (packed rows, padded batches), every segment is one run
   of tokens, and a key more than `window` tokens away is more than `window` positions away, so

@@ -1,6 +1,6 @@
 """Which attention kernel a ModernBERT layer runs: `attention_impl` resolved for the backend.
 
-Paths (all exact on real tokens; `modernbert.reference_attention` is the ground truth):
+Paths (all exact on real tokens; `reference.reference_attention` is the ground truth):
   "xla"         full masked [L, L] logits (the reference itself); any backend.
   "blocked"     window layers over neighbouring key blocks (XLA); global layers as "xla".
   "tiled"       one (row, head group) tile at a time, flash-style backward (XLA; fastest on CPU).
@@ -80,9 +80,9 @@ def _self_check(impl: str) -> Optional[str]:
   """See `_probe_error`."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from logrerank_jax.models.encoders import modernbert  # pylint: disable=g-import-not-at-top
-  kernel = {"pallas_gpu": modernbert.pallas_attention,
-            "splash_tpu": modernbert.splash_attention}[impl]
+  from logrerank_jax.models.attention import pallas_gpu, reference, splash_tpu  # pylint: disable=g-import-not-at-top
+  kernel = {"pallas_gpu": pallas_gpu.pallas_attention,
+            "splash_tpu": splash_tpu.splash_attention}[impl]
   length = 256
   seg = np.zeros((1, length), np.int32)
   seg[0, :100], seg[0, 100:230] = 1, 2
@@ -91,7 +91,7 @@ def _self_check(impl: str) -> Optional[str]:
   rng = np.random.default_rng(0)
   q, k, v, dout = (rng.standard_normal((1, length, 2, 64)).astype(np.float32) for _ in range(4))
   dout *= (seg > 0)[..., None, None]
-  reference = lambda *a: modernbert.reference_attention(*a, lambda p: p)
+  exact = lambda *a: reference.reference_attention(*a, lambda p: p)
 
   def run(f, window, *args):  # arrays as arguments: as constants XLA would fold it all
     q, k, v, seg, pos, dout = args
@@ -104,7 +104,7 @@ def _self_check(impl: str) -> Optional[str]:
       got = jax.jit(run, static_argnums=(0, 1))(kernel, window, *args)
       # Full float32 products for the reference (GPUs may use TF32 for float32 by default).
       with jax.default_matmul_precision("highest"):
-        want = jax.jit(run, static_argnums=(0, 1))(reference, window, *args)
+        want = jax.jit(run, static_argnums=(0, 1))(exact, window, *args)
       for g, w in zip(got, want):
         real = (seg > 0)[..., None, None]
         err = float(jnp.max(jnp.abs(jnp.where(real, g - w, 0.0))))

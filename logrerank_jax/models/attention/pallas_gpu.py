@@ -1,7 +1,7 @@
 """Block-skipping flash attention for GPUs: a Pallas (Triton) kernel with its backward kernels.
 
 `attention_impl="pallas_gpu"` of `ModernBertConfig`. Exact masked attention (the semantics of
-`modernbert.reference_attention` on real tokens) that only visits the key blocks a query block
+`reference.reference_attention` on real tokens) that only visits the key blocks a query block
 can see: the schedule of `block_schedule.token_key_ranges` / `block_bounds` (each packed
 segment's own blocks on global layers; those blocks clipped to +-window on window layers). The
 segment (and window) mask is still applied element-wise inside each visited block, so the

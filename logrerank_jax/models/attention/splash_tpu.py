@@ -27,6 +27,7 @@ import jax.numpy as jnp
 
 from logrerank_jax.models.attention.block_schedule import (SPLASH_BLOCK, pad_to_blocks,
                                                   positions_follow_tokens, real_neighbours)
+from logrerank_jax.models.attention.reference import reference_attention
 
 DEFAULT_BLOCK = SPLASH_BLOCK  # multiples of the TPU's 128 lanes are required
 
@@ -98,7 +99,6 @@ def splash_attention(q, k, v, segment_ids, position_ids, window: Optional[int],
   Returns:
     [B, L, H, Dh] in q's dtype.
   """
-  from logrerank_jax.models.encoders import modernbert  # pylint: disable=g-import-not-at-top
   l = q.shape[1]
   window = None if window is None else int(window)
   # Splash has no softmax scale: scale q (exact for head_dim a power of 4, e.g. 64 -> 1/8).
@@ -108,6 +108,5 @@ def splash_attention(q, k, v, segment_ids, position_ids, window: Optional[int],
   run = lambda: _splash(qp, kp, vp, seg, window, block, interpret)[:, :l].astype(q.dtype)
   if window is None:
     return run()
-  exact = lambda: modernbert.reference_attention(q, k, v, segment_ids, position_ids, window,
-                                                 lambda p: p)
+  exact = lambda: reference_attention(q, k, v, segment_ids, position_ids, window, lambda p: p)
   return jax.lax.cond(positions_are_contiguous(segment_ids, position_ids), run, exact)

@@ -14,7 +14,7 @@ from them. Differentiating through the forward's `lax.map` instead (what `jax.gr
 without the custom VJP) stores and replays every tile's intermediates and was measured 1.1-1.6x
 slower per attention layer on CPU (see docs/PERFORMANCE.md).
 
-Semantics are those of `modernbert.reference_attention`: a query sees the keys of its own
+Semantics are those of `reference.reference_attention`: a query sees the keys of its own
 nonzero segment (and, windowed, within `window` positions); a query that sees no key (padding)
 gets the uniform average of the values of its tile, which no real token ever reads.
 """
@@ -42,7 +42,8 @@ _TILE_BYTES = 8 << 20
 # Shapes inside a tile: q [..., G, Lq, Dh], k and v [..., G, Lk, Dh] (G heads, "..." = the
 # window blocks of a row, or nothing), seg/pos [..., Lq] and [..., Lk].
 
-def _tile_mask(seg_q, seg_k, pos_q, pos_k, window):
+def tile_mask(seg_q, seg_k, pos_q, pos_k, window):
+  """Which keys each query sees: same nonzero segment and, if windowed, near in position."""
   mask = (seg_q[..., :, None] == seg_k[..., None, :]) & (seg_k[..., None, :] != 0)
   if window is not None:
     mask = mask & (jnp.abs(pos_q[..., :, None] - pos_k[..., None, :]) <= window)
@@ -83,7 +84,7 @@ def _tile_backward(q, k, v, mask, out, m, s, dout):
 # ----------------------------------------------------------------------------- tile views
 # A map step sees one row and one head group: x [L, G, Dh], seg/pos [L].
 
-def _neighbours(x, axis):
+def neighbours(x, axis):
   """[..., nb, W, ...] -> [..., nb, 3W, ...]: previous, own and next block (zeros at the ends)."""
   zero = jnp.zeros_like(jax.lax.slice_in_dim(x, 0, 1, axis=axis))
   prev = jnp.concatenate([zero, jax.lax.slice_in_dim(x, 0, x.shape[axis] - 1, axis=axis)], axis)
@@ -92,7 +93,7 @@ def _neighbours(x, axis):
 
 
 def _neighbours_adjoint(x, axis, w):
-  """The transpose of `_neighbours`: fold [.., nb, 3W, ..] back onto the [.., nb, W, ..] blocks."""
+  """The transpose of `neighbours`: fold [.., nb, 3W, ..] back onto the [.., nb, W, ..] blocks."""
   prev, own, nxt = (jax.lax.slice_in_dim(x, i * w, (i + 1) * w, axis=axis + 1) for i in range(3))
   n = x.shape[axis]
   zero = jnp.zeros_like(jax.lax.slice_in_dim(own, 0, 1, axis=axis))
@@ -126,13 +127,13 @@ class _Tiles:
   def keys(self, x):
     if not self.blocked:
       return jnp.swapaxes(x, 0, 1)
-    return jnp.swapaxes(_neighbours(self._blocks(x, 0), 0), 1, 2)
+    return jnp.swapaxes(neighbours(self._blocks(x, 0), 0), 1, 2)
 
   def mask(self, seg, pos):
     if not self.blocked:
-      return _tile_mask(seg, seg, pos, pos, self.window)
+      return tile_mask(seg, seg, pos, pos, self.window)
     sq, pq = self._blocks(seg, 0), self._blocks(pos, 0)  # padding gets segment 0: never a key
-    return _tile_mask(sq, _neighbours(sq, 0), pq, _neighbours(pq, 0), self.window)
+    return tile_mask(sq, neighbours(sq, 0), pq, neighbours(pq, 0), self.window)
 
   def from_queries(self, x):  # inverse of `queries`
     if not self.blocked:

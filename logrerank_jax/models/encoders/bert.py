@@ -33,7 +33,7 @@ from logrerank_jax.errors import ConfigError, LogRerankError
 from logrerank_jax.models.attention import dispatch as attention_dispatch
 from logrerank_jax.models.encoders.hf_common import (ACTIVATIONS, get_activation, init_module_params,
                                             read_hf_config)
-from logrerank_jax.models.encoders.modernbert import (
+from logrerank_jax.models.encoders.layers import (
     LayerNorm,
     default_segments_and_positions,
     dispatch_attention,

@@ -1,46 +1,9 @@
-"""Typed reranking results, and the output formats made from them.
+"""The typed results: what one reranked query is inside the library, and its notebook view.
 
-Inside the library a reranked query travels as a `RerankResult` (or a `RecordError`), frozen
-dataclasses; the JSON that `tools/rerank.py` writes is `result.to_dict()` ("log" format) or
-`to_openscholar(raw, result)` (the input written back with its passages reordered). The
-notebook API (`Reranker.rank`) returns `RankedResults`, a view of the same result as reranked
-passages.
-
-"log" format of one record (`RerankResult.to_dict()`):
-    {"line", "id", "query", "error": None, "query_truncated",
-     "ranked_sentences": [{"rank", "passage", "sentence", "start", "end", "text",
-                           "role_probs": {"background", "method", "result"}, "role",
-                           "local_score", "global_score", "score", "truncated"}, ...],
-     "passage_ranking": [passage index, ...],
-     "passages": [{"index", "id", "title", "num_sentences", "num_windows",
-                   "truncated_sentences", "empty_sentences"}, ...],
-     "context": [{"passage", "sentence", "text", "score", "role",
-                  "predecessor", "successor", "similar"}, ...],
-     "graph": {"nodes": [{"id", "passage", "sentence", "text", "role", "local_score",
-                          "global_score", "score", "rank", "unit"}, ...],
-               "edges": [{"source", "target", "kind", "type", "type_name"}, ...]}}
-and of a record that cannot be processed (`RecordError.to_dict()`):
-    {"line", "id", "query", "error": "<one line>"}.
-`passage`/`sentence` are indices into the input's passage list and the passage's sentences;
-`text == passage_text[start:end]`; `score` is the final score used for ranking (the global
-one, or the local one for a model without a global stage, whose `global_score` is None).
-Sentences are ranked by decreasing score, ties by passage order; `passage_ranking` lists
-passages by their best sentence (`logrerank_jax.ranking`), then passages without sentences,
-so every input passage appears exactly once. A passage whose text was unusable (NaN, null,
-a number, empty) is kept, unranked, at the end, with its reason in `passages[i]["skipped"]`.
-Context units of the flat-list ablation have no predecessor/successor/similar fields.
-
-`graph` is the sentence graph of the context units (`SentenceGraph`), what an explanation page
-draws: its nodes are the units' sentences and their expansions, each once, grouped by passage
-(passages in `passage_ranking` order, sentences in text order), with the sentence's role,
-scores and `rank` (in `ranked_sentences`); `unit` is the index of the context unit the node
-heads, None for a node that is only an expansion. Its edges are the links the units were
-expanded along: `kind` "adjacency" (predecessor -> sentence -> successor, source -> target in
-text order) or "similarity" (unit sentence -- similar sentence, two-way in the model, listed
-once); `source`/`target` are node ids (positions in `nodes`). `type` is the edge type by the
-rule of `graph/build.py` (`schema.adjacency_edge_type` of the two argmax roles, 0..6; 7 for
-similarity) and `type_name` its name (`schema.EDGE_TYPE_NAMES`); a model trained "w/o edge
-types" gave every edge type 0 instead. Flat-list units give nodes and no edges.
+A reranked query is a `RerankResult` (its `RankedSentence`s, `PassageInfo`s, `ContextUnit`s of
+`SentenceRef`s, and the derived `SentenceGraph` of those units), or a `RecordError`; every one
+turns into its "log" format with `to_dict()` (the format is described in `logrerank_jax.results`).
+`RankedResults` / `RankedPassage` view a `RerankResult` as reranked passages (`Reranker.rank`).
 """
 
 import dataclasses
@@ -48,10 +11,7 @@ import functools
 import math
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
-import numpy as np
-
 from logrerank_jax.errors import DataError
-from logrerank_jax.ranking import passage_order, run_file_passage_scores, sentence_order
 from logrerank_jax.schema import (EDGE_TYPE_NAMES, ROLE_NAMES, SIMILARITY_EDGE_TYPE,
                                   adjacency_edge_type)
 
@@ -303,110 +263,6 @@ def record_error(raw: Any, message: str, line: Optional[int] = None) -> RecordEr
     q = raw.get("input", raw.get("question"))
     query = q if isinstance(q, str) else None
   return RecordError(line=line, id=rid, query=query, error=str(message))
-
-
-def to_openscholar(raw: Any, result: Result) -> dict:
-  """Write an input record back with its passages reordered (OpenScholar generation input).
-
-  Every input field is kept; the passage list (`ctxs` or `passages`, whichever the input used)
-  is reordered by `passage_ranking`, each passage object unchanged. Added keys:
-  `log_passage_order` (original indices, best first) and `log_context` (the context units: their
-  `passage` is the ORIGINAL index, and `ctx_position` the unit's position in the reordered
-  list written here). A failed record is written back unchanged with an `error` field (a line
-  that was not a JSON object becomes {"error", "line"}).
-
-  Args:
-    raw: the parsed input object.
-    result: its `RerankResult` / `RecordError` (or their `to_dict()`).
-
-  Returns:
-    The output object.
-  """
-  res = result.to_dict() if hasattr(result, "to_dict") else result
-  if res.get("error") is not None:
-    if isinstance(raw, dict):
-      return {**raw, "error": res["error"]}
-    return {"error": res["error"], "line": res.get("line")}
-  out = dict(raw)
-  pkey = "ctxs" if "ctxs" in raw else "passages"
-  out[pkey] = [raw[pkey][p] for p in res["passage_ranking"]]
-  out["log_passage_order"] = list(res["passage_ranking"])
-  position = {p: i for i, p in enumerate(res["passage_ranking"])}
-  out["log_context"] = [dict(u, ctx_position=position[u["passage"]]) for u in res["context"]]
-  return out
-
-
-# ------------------------------------------------------------------------ from scores
-
-@dataclasses.dataclass
-class QueryScores:
-  """Host-side scores of one query: per node arrays in passage order, plus its context units."""
-  record: Any                 # the `data.inference_input.InferenceRecord` scored
-  node_passage: np.ndarray    # int32 [n]
-  node_sentence: np.ndarray   # int32 [n]
-  local_score: np.ndarray     # float32 [n]
-  global_score: Optional[np.ndarray]  # float32 [n]; None without a global stage
-  final_score: np.ndarray     # float32 [n]
-  role_probs: np.ndarray      # float32 [n, 3]
-  context: list               # build_context units (node indices)
-  passage_info: list          # per passage: (num_windows, truncated sentences, empty sentences)
-  query_truncated: bool = False  # the query was cut at `max_query_tokens`
-
-  def passage_scores(self, which: str = "final") -> np.ndarray:
-    """Best sentence score per passage ([P], `ranking.passage_scores`); passages without
-    sentences get -1, below any sigmoid score (finite, so run files can hold it)."""
-    scores = {"final": self.final_score, "local": self.local_score}[which]
-    return run_file_passage_scores(self.node_passage, scores, len(self.record.passages))
-
-
-def make_result(res: QueryScores, line: Optional[int] = None) -> Result:
-  """Turn one query's scores into its typed result (or a `RecordError` on a non-finite score)."""
-  rec = res.record
-
-  def ref(n) -> Optional[SentenceRef]:
-    if n is None:
-      return None
-    p, s = int(res.node_passage[n]), int(res.node_sentence[n])
-    return SentenceRef(p, s, rec.passages[p].sentences[s].text)
-
-  try:
-    ranked = []
-    for rank, n in enumerate(sentence_order(res.final_score), start=1):
-      p, s = int(res.node_passage[n]), int(res.node_sentence[n])
-      sent = rec.passages[p].sentences[s]
-      ranked.append(RankedSentence(
-          rank=rank, passage=p, sentence=s, start=sent.start, end=sent.end, text=sent.text,
-          role_probs=tuple(finite(v) for v in res.role_probs[n]),
-          local_score=finite(res.local_score[n]),
-          global_score=None if res.global_score is None else finite(res.global_score[n]),
-          score=finite(res.final_score[n]), truncated=s in res.passage_info[p][1]))
-    context = []
-    for unit in res.context:
-      expanded = "similar" in unit
-      context.append(ContextUnit(
-          sentence=ref(unit["node"]), score=finite(unit["score"]),
-          role=None if unit["role"] is None else ROLE_NAMES[unit["role"]],
-          predecessor=ref(unit.get("predecessor")), successor=ref(unit.get("successor")),
-          similar=tuple(ref(v) for v in unit["similar"]) if expanded else None))
-  except DataError as e:
-    return record_error(rec.raw, str(e), line)
-  # A passage scores as its best sentence; passages without sentences come last.
-  passage_ranking = passage_order(res.passage_scores("final"))
-  passages = tuple(PassageInfo(index=p, id=ps.passage_id, title=ps.title,
-                               num_sentences=len(ps.sentences), num_windows=res.passage_info[p][0],
-                               truncated_sentences=tuple(res.passage_info[p][1]),
-                               empty_sentences=tuple(res.passage_info[p][2]),
-                               skipped=ps.skipped)
-                   for p, ps in enumerate(rec.passages))
-  result = RerankResult(line=line, id=rec.record_id, query=rec.query,
-                        query_truncated=res.query_truncated, ranked_sentences=tuple(ranked),
-                        passage_ranking=tuple(passage_ranking), passages=passages,
-                        context=tuple(context))
-  try:
-    result.graph  # pylint: disable=pointless-statement  (built now: a bad unit is this record's error)
-  except DataError as e:
-    return record_error(rec.raw, str(e), line)
-  return result
 
 
 # ------------------------------------------------------------------------ the notebook view

@@ -1,0 +1,30 @@
+"""Validation metrics shared by the stages: the relevant passages of training-record units, and
+the passage ranking that per-sentence scores induce."""
+
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from logrerank_jax.evaluation import rerank_metrics
+from logrerank_jax.ranking import passage_order, passage_scores
+
+
+def unit_qrels(units) -> Dict[str, set]:
+  """{qid: relevant passage ids} of training-record units: each query's rank-1 passage."""
+  return {u.qid: {u.passage_ids[p] for p in range(len(u.passage_ids)) if u.passage_rank[p] == 1}
+          for u in units}
+
+
+def passage_metrics(units, node_scores: List[np.ndarray], qrels: Optional[Dict[str, set]] = None,
+                    k: int = 10) -> Dict[str, float]:
+  """Metrics of the passage ranking induced by sentence scores (`ranking.passage_scores`).
+
+  The relevant passages are `qrels[qid]` (validation pools), by default each query's rank-1
+  passage in the training record (`unit_qrels`).
+  """
+  run = {}
+  for u, scores in zip(units, node_scores):
+    node_passage = [p for p, sentences in enumerate(u.query.passages) for _ in sentences]
+    best = passage_scores(node_passage, scores, len(u.passage_ids))
+    run[u.qid] = [u.passage_ids[p] for p in passage_order(best)]
+  return rerank_metrics(run, unit_qrels(units) if qrels is None else qrels, k=k)
