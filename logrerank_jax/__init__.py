@@ -15,7 +15,7 @@ What users import:
   save_model / load_model   the model folder (params, config, tokenizer)
   LogRerankError and its kinds DataError, ConfigError, CheckpointError
 
-Training is `python tools/train.py --config configs/local_stage.py` (then global_stage.py);
+Training is `logrerank train --config local_stage --workdir DIR` (then `global_stage`);
 conversion from PyTorch is `logrerank_jax.convert`; see README.md and docs/ARCHITECTURE.md.
 """
 
@@ -51,15 +51,6 @@ __version__ = "0.1.0"
 __all__ = sorted([*_LAZY, "__version__"])
 
 
-def __getattr__(name: str):
-  module = _LAZY.get(name)
-  if module is None:
-    raise AttributeError(f"module 'logrerank_jax' has no attribute {name!r}")
-  import importlib  # pylint: disable=g-import-not-at-top
-  value = getattr(importlib.import_module(module), name)
-  globals()[name] = value  # later lookups skip this function
-  return value
+from logrerank_jax.lazy_names import lazy_names as _lazy_names  # pylint: disable=g-import-not-at-top
 
-
-def __dir__():
-  return sorted({*globals(), *_LAZY})
+__getattr__, __dir__ = _lazy_names(__name__, _LAZY)

@@ -10,7 +10,8 @@ calls. `enable_compilation_cache` turns on JAX's persistent cache in a private f
 import os
 import threading
 
-import jax
+# JAX is imported inside the two functions that use it: the command-line flags read
+# `DEFAULT_CACHE_ENV` and `default_compilation_cache_dir` for their help without loading it.
 
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
@@ -25,6 +26,7 @@ _LISTENING = False
 def ensure_listeners() -> None:
   """Register the jax.monitoring listeners that count compilations (once per process)."""
   global _LISTENING
+  import jax  # pylint: disable=g-import-not-at-top
   with _LISTENER_LOCK:
     if _LISTENING:
       return
@@ -59,6 +61,7 @@ def enable_compilation_cache(path: str, min_compile_time_secs: float = 0.0) -> s
   Returns:
     The absolute cache path.
   """
+  import jax  # pylint: disable=g-import-not-at-top
   path = os.path.abspath(os.path.expanduser(path))
   if not os.path.isdir(path):
     os.makedirs(os.path.dirname(path), exist_ok=True)

@@ -57,14 +57,15 @@ def test_top_level_help_lists_the_commands(tmp_path):
 LIGHT = """
 import sys
 from logrerank_jax.cli.main import main
-for argv in (["--help"], ["evaluate", "--help"], ["convert", "--help"]):
+for argv in (["--help"], ["rerank", "--help"], ["evaluate", "--help"], ["serve", "--help"],
+             ["convert", "--help"]):
   with open("/dev/null", "w") as sink:
     sys.stdout = sink
     try:
       main(argv)
     except SystemExit as e:
       sys.stdout = sys.__stdout__
-      print(argv[0], e.code, "jax" in sys.modules)
+      print(argv[0], e.code, "jax" in sys.modules or "fastapi" in sys.modules)
 try:
   main(["train", *sys.argv[1:]])  # config overrides are looked up in sys.argv (ml_collections)
 except SystemExit as e:
@@ -73,13 +74,16 @@ except SystemExit as e:
 
 
 def test_help_and_a_bad_config_do_not_import_jax(tmp_path):
-  """`logrerank --help`, `evaluate --help`, `convert --help` and a bad training config answer
-  before JAX is imported (`rerank` and `serve` import the engine for their flags' defaults)."""
+  """`logrerank --help`, every command's `--help` and a bad training config answer before JAX
+  (and the HTTP stack) is imported: the flags' defaults come from `engine.defaults` and
+  `serving.settings`, which import neither, and the engine package resolves its names on first
+  use. (absl prints `train --help` before any training module loads.)"""
   config = f"{ROOT / 'configs' / 'local_stage.py'}:tiny"
   res = run([sys.executable, "-c", LIGHT, "--config", config, "--config.not_a_key=1",
              "--workdir", str(tmp_path / "w")], tmp_path)
-  assert res.stdout.splitlines() == ["--help 0 False", "evaluate 0 False", "convert 0 False",
-                                     "train 2 False"], (res.stdout, res.stderr)
+  assert res.stdout.splitlines() == ["--help 0 False", "rerank 0 False", "evaluate 0 False",
+                                     "serve 0 False", "convert 0 False", "train 2 False"], (
+                                         res.stdout, res.stderr)
   assert "unknown config key 'not_a_key'" in res.stderr
   assert not (tmp_path / "w").exists()
 
@@ -103,8 +107,7 @@ def test_command_help_from_any_folder_equals_its_script(command, tmp_path, monke
   else:
     assert res.returncode == 0, res.stderr
     assert res.stdout.startswith(f"usage: logrerank {command} "), res.stdout
-    # The script runs in this process: its parser needs the engine's defaults, and importing
-    # the engine once here is cheaper than a second interpreter per command.
+    # The script runs in this process: cheaper than a second interpreter per command.
     monkeypatch.setattr(sys, "argv", [str(script), "--help"])
     monkeypatch.setenv("COLUMNS", COLUMNS)
     out = io.StringIO()
@@ -115,3 +118,21 @@ def test_command_help_from_any_folder_equals_its_script(command, tmp_path, monke
     assert script_text.startswith(f"usage: {script.name} "), script_text
     progs = [f"logrerank {command}", script.name]
   assert same_text(res.stdout, progs) == same_text(script_text, progs)
+
+
+def test_train_config_names_a_shipped_config_or_a_file_in_one_line(tmp_path, capsys):
+  """`--config local_stage:tiny` names the shipped file from any folder; a path that is neither a
+  file nor a shipped name is one line naming it and the shipped ones, before absl or JAX run
+  (ml_collections alone would print a traceback)."""
+  from logrerank_jax.cli import train  # pylint: disable=g-import-not-at-top
+  shipped = train.resolve_config_arg(["--config", "local_stage:tiny", "--workdir", "w"])
+  assert shipped[1] == os.path.join(train.PACKAGED_CONFIGS, "local_stage.py") + ":tiny"
+  assert train.resolve_config_arg([f"--config={tmp_path}"]) == [f"--config={tmp_path}"]
+  status = train.main(["--config", "configs/no_such_stage.py:tiny", "--workdir",
+                       str(tmp_path / "w")])
+  err = capsys.readouterr().err.strip().splitlines()
+  assert status == 2 and len(err) == 1, err
+  assert err[0].startswith("error: ConfigError: --config configs/no_such_stage.py:tiny: no such "
+                           "file"), err
+  assert "global_stage, local_stage, passage_stage" in err[0]
+  assert not (tmp_path / "w").exists()

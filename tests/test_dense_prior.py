@@ -287,7 +287,7 @@ def test_config_round_trip_and_old_configs(setup):
 
 def test_training_config_keys_reach_the_local_config():
   """The local stage's config keys of this module's options become the model's LocalScorerConfig
-  (configs/local_stage.py -> training/stages.build_model_config); their defaults are the paper's."""
+  (configs/local_stage.py -> training/stages/model_config.build_model_config); their defaults are the paper's."""
   import pathlib  # pylint: disable=g-import-not-at-top
   from logrerank_jax.training import stages  # pylint: disable=g-import-not-at-top
   from logrerank_jax.training.config_files import load_config_module  # pylint: disable=g-import-not-at-top

@@ -171,7 +171,9 @@ def assert_same_as_rank(results, ranked, docs, spans=True, top_n=None, threshold
       assert "relevant_spans" not in r
       continue
     text = docs[r["index"]]
-    sentences = {(x.start, x.end): x.text for x in split_sentences(text)} if text.strip() else {}
+    # The engine's own sentences of the document (the splitter, then its fragment merging).
+    sentences = ({(x.start, x.end): x.text for x in parse_inference_record(
+        {"input": "q", "ctxs": [text]}).passages[0].sentences} if text.strip() else {})
     ours = {(x.start, x.end): x.score for x in p.sentences if x.score >= threshold}
     got_spans = r.get("relevant_spans", [])
     assert {(x["start"], x["end"]) for x in got_spans} == set(ours) and len(got_spans) == len(ours)
@@ -435,7 +437,7 @@ class _Faulty:
   def __getattr__(self, name):
     return getattr(self._rr, name)
 
-  def precompile(self):
+  def precompile(self, on_progress=None):
     return self._rr.compile_stats()
 
   def score_chunk(self, records, jobs=None):

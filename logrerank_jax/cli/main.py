@@ -1,6 +1,6 @@
 """The `logrerank` command: train, rerank, evaluate, serve and convert LoG-Reranker models.
 
-  logrerank train --config configs/local_stage.py --workdir DIR
+  logrerank train --config local_stage[:tiny] --workdir DIR   (then global_stage)
   logrerank rerank --checkpoint MODEL_OR_WORKDIR --input in.jsonl --output out.jsonl
   logrerank evaluate --pools pools.jsonl --checkpoint MODEL_OR_WORKDIR --out-dir eval/
   logrerank serve --checkpoint MODEL_OR_WORKDIR [--port 8000]
@@ -27,6 +27,8 @@ COMMANDS = {
                  "Recall / MAP / nDCG @k of rerankers side by side on pools with qrels"),
     "serve": ("logrerank_jax.cli.serve",
               "serve a model over HTTP (Cohere, Jina/vLLM, TEI and LoG rerank routes)"),
+    "calibrate": ("logrerank_jax.cli.calibrate",
+                  "fit calibrated scores (calibration.json) on validation pools"),
     "convert": ("logrerank_jax.cli.convert",
                 "convert PyTorch checkpoints to model folders, and back"),
 }

@@ -11,8 +11,8 @@ Id-only pools ({"id", "input", "ctx_ids": [passage id, ...]}, as logrerank_jax/d
 them) need `--corpus`, JSONL {"id", "title", "text"}: each id becomes that passage (`--format
 openscholar` writes the resolved `ctxs` back); a record naming an id the corpus lacks is an
 error record.
-Output: one line per non-blank input line, in order (see `logrerank_jax/engine.py` for the
-"log" schema; `--format openscholar` writes the input back with its passages reordered and
+Output: one line per non-blank input line, in order (see `logrerank_jax/results/__init__.py` for
+the "log" schema; `--format openscholar` writes the input back with its passages reordered and
 `log_context` / `log_passage_order` added).  A record that cannot be processed gets an `error`
 field; a passage whose text is unusable is kept, unranked, with its reason in
 `passages[i]["skipped"]` (`--strict` makes such a record an error instead). The exit status

@@ -1,4 +1,4 @@
-"""Train one LoG-Reranker stage: `python tools/train.py --config configs/local_stage.py --workdir DIR`."""
+"""Train one LoG-Reranker stage: `logrerank train --config local_stage[:tiny] --workdir DIR`."""
 
 import importlib.util
 import os
@@ -12,8 +12,9 @@ from logrerank_jax.training.config_checks import check_stage_settings
 
 # JAX, Flax and the trainer are imported in train_main(), after the config checks: a bad config
 # is named in about 0.3 s, not after 2.5 s of imports.
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file (configs/*.py[:tiny], or a shipped config by name: local_stage.py:minilm).",
-                                          lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Training config file: a shipped config by name (local_stage, global_stage, "
+    "passage_stage; e.g. local_stage:tiny) or a path FILE.py[:variant].", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run folder: checkpoints, logs, exported model.")
 _CACHE = flags.DEFINE_string(
     "compilation_cache", None,
@@ -49,11 +50,17 @@ def resolve_config_arg(argv: list) -> list:
     shipped = os.path.join(PACKAGED_CONFIGS, name)
     if not os.path.exists(path) and os.sep not in path and os.path.isfile(shipped):
       out[i] = prefix + shipped + sep + variant
+    elif not os.path.exists(path):
+      # ml_collections would report this later as a traceback; name it in one line instead.
+      names = sorted(f[:-3] for f in os.listdir(PACKAGED_CONFIGS)
+                     if f.endswith(".py") and not f.startswith("_"))
+      raise ConfigError(f"--config {value}: no such file, and no shipped config of that name "
+                        f"(shipped: {', '.join(names)}; e.g. --config local_stage:tiny)")
   return out
 
 
 def _reference_keys() -> set:
-  """Return the keys every training config must have: those of configs/local_stage.py."""
+  """Return the keys every training config must have: those of the shipped local_stage.py."""
   spec = importlib.util.spec_from_file_location("_logrerank_reference_config", REFERENCE_CONFIG)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
@@ -65,7 +72,7 @@ def check_config_keys(config) -> None:
   keys, ref = set(config.keys()), _reference_keys()
   missing, unknown = sorted(ref - keys), sorted(keys - ref)
   if missing or unknown:
-    raise ConfigError("config keys do not match configs/local_stage.py:"
+    raise ConfigError("config keys do not match the shipped local_stage config:"
                       + (f" missing {missing}" if missing else "")
                       + (f" unknown {unknown}" if unknown else ""))
 
@@ -78,7 +85,7 @@ def parse_flags(argv):
     # ml_collections reports an unknown override key as a bare AttributeError("'key'").
     msg = str(e).strip().strip('"')
     if isinstance(e, (AttributeError, KeyError)):
-      msg = f"unknown config key {msg} (see configs/local_stage.py for the keys)"
+      msg = f"unknown config key {msg} (see logrerank_jax/configs/local_stage.py for the keys)"
     print(f"error: bad flags: {msg}", file=sys.stderr)
     sys.exit(2)
 
@@ -117,7 +124,11 @@ def main(argv=None, prog=None) -> int:
   the program by sys.argv[0]). As before, ml_collections found the `--config.KEY=VALUE`
   overrides in sys.argv when the flags above were defined, so `argv` is sys.argv's tail."""
   del prog
-  argv = resolve_config_arg(sys.argv[1:] if argv is None else list(argv))
+  try:
+    argv = resolve_config_arg(sys.argv[1:] if argv is None else list(argv))
+  except ConfigError as e:
+    print(f"error: ConfigError: {e}", file=sys.stderr)
+    return 2
   # absl's --help prints the docstring of __main__ (tools/train.py's is this one; the `logrerank`
   # console script has none) and the flags it counts as the main module's, sys.argv[0]'s: these
   # flags belong to this module, so they are declared key flags of the program too.

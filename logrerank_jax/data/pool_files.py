@@ -5,9 +5,9 @@
 files is offline work and lives in `logrerank_jax.datasets.pools`.
 """
 
-import json
 from typing import Mapping, Sequence
 
+from logrerank_jax.data.jsonl import read_json_lines
 from logrerank_jax.errors import DataError
 
 
@@ -35,18 +35,10 @@ def _json_lines(path: str, what: str):
     DataError: the file cannot be read ("cannot read `what` ..."), or a line is not JSON (names
       the file and line).
   """
-  try:
-    f = open(path, encoding="utf-8")
-  except OSError as e:
-    raise DataError(f"cannot read {what} {path} ({e.strerror or e})") from None
-  with f:
-    for n, line in enumerate(f, start=1):
-      if line.strip():
-        try:
-          value = json.loads(line)
-        except ValueError as e:
-          raise DataError(f"{path}:{n}: malformed JSON ({e})") from None
-        yield n, value
+  for n, value, error in read_json_lines(path, lambda why: f"cannot read {what} {path} ({why})"):
+    if error is not None:
+      raise DataError(f"{path}:{n}: malformed JSON ({error})") from None
+    yield n, value
 
 
 def _index_by_id(located) -> dict[str, dict]:

@@ -16,7 +16,7 @@ pseudo-gold passages. The construction (no randomness; the same file gives the s
      Without a cap the 39-snippet questions would hold 78 % gold.
   4. Corpus: every distinct snippet of the file, in first-occurrence order; snippet k has id
      "cs:k". A snippet under two questions is one passage, gold for both.
-  5. Negatives: BM25 (`data.bm25`, k1 = 1.5, b = 0.75) over the corpus, the top
+  5. Negatives: BM25 (`datasets.bm25`, k1 = 1.5, b = 0.75) over the corpus, the top
      (pool_size - gold) snippets for the question that are not its own (so other questions'
      evidence), ties to the lower index.
   6. Pool order: all members by decreasing corpus BM25 score, ties by ascending index: the pool

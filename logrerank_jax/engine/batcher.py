@@ -36,19 +36,12 @@ import time
 from typing import Any, Callable, Optional
 
 from logrerank_jax.data.inference_input import InferenceRecord
+# Their values (and why) live in `defaults`, which the command-line flags read without JAX.
+from logrerank_jax.engine.defaults import (DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_QUEUE,
+                                           DEFAULT_WINDOW_S)
 from logrerank_jax.errors import LogRerankError
 
 log = logging.getLogger(__name__)
-
-# Real tokens (all windows of all passages) per batch: two full calls of the largest default row
-# bucket (128 rows of 1,024 tokens), ~28 of the demo's fifty-paragraph pools, about the batch
-# CLI's 32-record chunks. With 65,536 the batches of 16 concurrent demo requests held ~3
-# requests and the server reached 0.87x the CLI's throughput (one round, machine loaded).
-DEFAULT_MAX_BATCH_TOKENS = 262144
-# Requests waiting for the engine beyond the batch being prepared and the one being scored.
-DEFAULT_MAX_QUEUE = 64
-# How long the gather thread waits for more requests after the first of an idle period.
-DEFAULT_WINDOW_S = 0.005
 
 _STOP = object()
 

@@ -23,7 +23,7 @@ training feature pass (`training.feature_cache`) builds a local-stage `EngineCor
 `results.QueryScores` (or the `LogRerankError` of a record), never as output dicts.
 """
 
-from typing import Any, List, Optional, Sequence, Union
+from typing import Any, Callable, List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -157,26 +157,36 @@ class EngineCore:
     calls that fit the buckets; a passage larger than every bucket adds a grown shape."""
     return self.planner.local_shapes()
 
-  def precompile(self) -> dict:
+  def precompile(self, on_progress: Optional[Callable[[int, int], None]] = None) -> dict:
     """Compile every shape the engine uses on bucket-sized traffic: each local row bucket
     (`local_shapes`) and each global node bucket, for this device count, so that live
     traffic compiles nothing (only a query larger than every bucket adds a grown shape).
+
+    Args:
+      on_progress: called with (shapes done, shapes in all) before the first and after each
+        shape (a server's /health reports it while warming).
 
     Returns:
       `compile_stats()` after compiling.
     """
     prior = self.engine.prior_cache
     d = self.cfg.local_scorer_config.encoder.hidden_size
+    work = []
     for shape in self.planner.local_shapes():
       example = self.planner.local_example(*shape)
       if prior is not None:  # local calls then carry the prior's pooled spans
         example["prior_pooled"] = np.zeros((shape[1], d), np.float32)
-      self.engine.compile_shape("local", example)
+      work.append(("local", example))
     if prior is not None:
-      for rows, spans in prior.shapes(self.planner):
-        self.engine.compile_shape("prior", prior.example(self.planner, rows, spans))
-    for n in self.packing.node_buckets:
-      self.engine.compile_shape("global", self.planner.global_example(n))
+      work += [("prior", prior.example(self.planner, rows, spans))
+               for rows, spans in prior.shapes(self.planner)]
+    work += [("global", self.planner.global_example(n)) for n in self.packing.node_buckets]
+    for done, (stage, example) in enumerate(work):
+      if on_progress is not None:
+        on_progress(done, len(work))
+      self.engine.compile_shape(stage, example)
+    if on_progress is not None:
+      on_progress(len(work), len(work))
     return self.compile_stats()
 
   # ------------------------------------------------------------------------------- scoring

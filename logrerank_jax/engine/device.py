@@ -21,6 +21,7 @@ batcher's engine thread).
 """
 
 import functools
+import math
 from typing import Any, List, Optional, Sequence
 
 import jax
@@ -70,16 +71,28 @@ def prior_forward(params, arrays, cfg):
                                    method=lr.LoGReranker.prior_spans)
 
 
-def global_forward(params, feats, cfg):
-  """Jitted global stage over whole query graphs: graph build + GAT (or, without a global
-  stage, the graph alone: final = local)."""
+# How the final logit z becomes the final score: ("sigmoid", a, b) is sigmoid(a z + b) (the
+# default (1, 0) is LoG's own score; a calibration.json's Platt (a, b) makes it a calibrated
+# probability, in float32 on the device where sigmoid(z) itself would round to 1.0 for large
+# z); ("logit", 1, 0) is z itself, what a calibration is fitted on (`engine.calibration`).
+RAW_SCORE = ("sigmoid", 1.0, 0.0)
+
+
+def global_forward(params, feats, cfg, score_map=RAW_SCORE):
+  """Jitted global stage over whole query graphs: graph build + GAT, the final score by
+  `score_map` (or, without a global stage, the graph alone: final = local)."""
   model = lr.LoGReranker(cfg)
   mask = feats["node_mask"]
   if cfg.use_global:
     logit, graph = model.apply({"params": {"global": params["global"]}}, feats,
                                feats["node_passage"], mask, True,
                                method=lr.LoGReranker.global_logits)
-    final = jnp.where(mask, jax.nn.sigmoid(logit), 0.0)
+    kind, a, b = score_map
+    if kind == "logit":
+      final = jnp.where(mask, logit, 0.0)
+    else:  # (1, 0) traces exactly the uncalibrated program (its cached executables serve it)
+      final = jnp.where(mask, jax.nn.sigmoid(logit if (a, b) == (1.0, 0.0) else a * logit + b),
+                        0.0)
   else:
     graph = model.apply({"params": {}}, feats, feats["node_passage"], mask,
                         method=lr.LoGReranker.sentence_graph)
@@ -117,8 +130,15 @@ def stage_jits(cfg: lr.LoGConfig, devices: tuple) -> dict:
   """
   mesh = data_mesh(devices)
   return {"local": stacked(functools.partial(local_forward, cfg=cfg), mesh),
-          "global": stacked(functools.partial(global_forward, cfg=cfg), mesh),
+          "global": global_jit(cfg, devices, RAW_SCORE),
           "prior": stacked(functools.partial(prior_forward, cfg=cfg), mesh)}
+
+
+@functools.lru_cache(maxsize=16)
+def global_jit(cfg: lr.LoGConfig, devices: tuple, score_map: tuple):
+  """The jitted global stage with one final-score map (`RAW_SCORE`), shared like `stage_jits`."""
+  return stacked(functools.partial(global_forward, cfg=cfg, score_map=score_map),
+                 data_mesh(devices))
 
 
 def inert_like(arrays: dict) -> dict:
@@ -168,6 +188,10 @@ class Engine:
     # Params live on the devices once (replicated); host arrays would be copied on every call.
     self.params = jax.device_put(params, NamedSharding(self.mesh, PartitionSpec()))
     self._jits = stage_jits(cfg, tuple(self.devices))
+    self.score_map = RAW_SCORE  # `set_score_map`
+    # `engine.executable_store.ExecutableStore`, set by a server for its fast restart; None:
+    # every program is traced and compiled (or found in JAX's persistent cache).
+    self.executable_store = None
     # The split dense prior's pass runs once per distinct segment, outside the local forward
     # (`engine.prior_cache`); None for a model without one, or when turned off.
     self.prior_cache = (PriorCache(prior_cache_segments)
@@ -192,15 +216,35 @@ class Engine:
     if self.prior_cache is not None:
       self.prior_cache.clear()  # its pooled spans are the old params'
 
+  def set_score_map(self, kind: str, a: float = 1.0, b: float = 0.0) -> None:
+    """How the final logit becomes the final score (`RAW_SCORE`): ("sigmoid", a, b) with a > 0
+    (the order is the logit's), or ("logit", 1, 0). Only the global stage compiles again."""
+    if kind not in ("sigmoid", "logit") or not (a > 0 and math.isfinite(a) and math.isfinite(b)):
+      raise ValueError(f"score map: kind 'sigmoid' or 'logit' with a > 0, got ({kind}, {a}, {b})")
+    score_map = (kind, float(a), float(b)) if kind == "sigmoid" else ("logit", 1.0, 0.0)
+    if score_map == self.score_map:
+      return
+    self.score_map = score_map
+    self._jits = dict(self._jits)  # a copy: `stage_jits`' dict is shared by other engines
+    self._jits["global"] = global_jit(self.cfg, tuple(self.devices), score_map)
+    self._executables = {k: v for k, v in self._executables.items() if k[0] != "global"}
+
   def compile_stats(self) -> dict:
     """Compilation counters (module docstring) and the number of device steps run."""
-    return {"xla_compilations": self._compiles, "persistent_cache_hits": self._cache_hits,
-            "jit_cache_entries": len(self._executables), "forward_calls": self.calls}
+    out = {"xla_compilations": self._compiles, "persistent_cache_hits": self._cache_hits,
+           "jit_cache_entries": len(self._executables), "forward_calls": self.calls}
+    if self.executable_store is not None:
+      out["executables_loaded"] = self.executable_store.loaded
+    return out
 
   def executable(self, stage: str, stacked_arrays: dict):
     """The compiled executable of a stage for these stacked shapes (compiled once, counted)."""
     key = (stage,) + tuple((k, v.shape, str(v.dtype)) for k, v in sorted(stacked_arrays.items()))
     exe = self._executables.get(key)
+    if exe is None and self.executable_store is not None:
+      exe = self.executable_store.load(self, key)  # a restart's programs, without tracing
+      if exe is not None:
+        self._executables[key] = exe
     if exe is None:
       spec = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in stacked_arrays.items()}
       before = dict(compilation.COUNTS)
@@ -213,6 +257,11 @@ class Engine:
         self._compiles += compilation.COUNTS["compiles"] - before["compiles"]
         self._cache_hits += compilation.COUNTS["cache_hits"] - before["cache_hits"]
       self._executables[key] = exe
+      # Only a program compiled here can be stored: one JAX loaded from its own persistent
+      # cache serializes broken on XLA:CPU (`engine.executable_store`).
+      if self.executable_store is not None and compilation.COUNTS["cache_hits"] == before[
+          "cache_hits"]:
+        self.executable_store.save(self, key, exe)
     return exe
 
   def compile_shape(self, stage: str, arrays: dict) -> None:

@@ -10,16 +10,9 @@ import copy
 import threading
 from typing import Callable, Iterator, List, Sequence, Tuple, Union
 
+# Their values (and why) live in `defaults`, which the command-line flags read without JAX.
+from logrerank_jax.engine.defaults import DEFAULT_CHUNK_RECORDS, DEFAULT_HOST_WORKERS
 from logrerank_jax.errors import LogRerankError
-
-# Records handed to one `score_group`: calls are filled across all of them, so only the last
-# call of a chunk is partial. Fixed (not a multiple of the device count) so that the calls, and
-# so the scores, are the same on any number of devices.
-DEFAULT_CHUNK_RECORDS = 32
-# Host threads preparing the next chunks while the devices run (`EngineCore.score`). One keeps the
-# device fed when host work per chunk is below device work (true with the compiled splitter);
-# on a CPU-only machine it shares the cores with XLA, so more would only contend.
-DEFAULT_HOST_WORKERS = 1
 
 
 def chunk_indices(n: int, size: int) -> List[List[int]]:

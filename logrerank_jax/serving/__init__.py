@@ -6,6 +6,7 @@
                (/rerank), log (/log/rerank); ops (/, /health, /info, /metrics)
   schemas      the Pydantic request/response models of those routes
   settings     `ServeSettings`, the limits of one server, and their defaults
+  auth         the API key (`Authorization: Bearer KEY`) of the scoring routes
   state        `ServingState`, what the routes of one app share (`app.state.serving`)
   scoring      the one path of every route into the engine (`logrerank_jax.engine`)
   truncation   Cohere's `max_tokens_per_doc`

@@ -8,7 +8,8 @@ Routes (field names of each ecosystem, `serving.schemas`):
   GET  /            the explanation page (`logrerank_jax.explain.form_page`): paste a question
                     and passages or pick a shipped demo pool; the `/log/rerank` answer is drawn
                     by the same renderer as `tools/rerank.py --html`
-  GET  /health      503 while the model loads and compiles (and while stopping), then 200
+  GET  /health      503 while the model loads and compiles (with the warm-up's progress) and
+                    while stopping, then 200
   GET  /info        model folder, backbone, buckets, devices, limits, version
   GET  /metrics     Prometheus text: requests by route and status, latency, batch sizes, queue
                     depth, tokens, XLA compilations
@@ -16,13 +17,15 @@ Routes (field names of each ecosystem, `serving.schemas`):
 
 Every request goes through the one engine: parsed and split into sentences on a worker thread
 (`data.inference_input`, as the CLI reads a line), scored by the dynamic batcher
-(`serving.batcher`: the engine's bucketed calls shared with concurrent requests), turned into
+(`engine.batcher`: the engine's bucketed calls shared with concurrent requests), turned into
 the typed result by `results.make_result` (as the CLI and `Reranker.rank`), and only then into
 each ecosystem's JSON. A document's `relevance_score` is LoG's passage score, its best
-sentence's final score (in [0, 1]); a document with no usable text (empty) is kept, ranked last,
-with score 0.
+sentence's final score (in [0, 1]; the calibrated probability when the model folder has a
+calibration.json, `engine.calibration`); a document with no usable text (empty) is kept, ranked
+last, with score 0. With an API key (`ServeSettings.api_key`, `serving.auth`) the scoring
+routes and /info answer 401 without `Authorization: Bearer KEY`.
 
-Status codes: 400 malformed JSON; 413 body over `max_body_bytes`; 422 a missing, mistyped or
+Status codes: 400 malformed JSON; 401 no or a wrong API key; 413 body over `max_body_bytes`; 422 a missing, mistyped or
 out-of-range field, too many documents, or a record the engine cannot score (the message names
 the field or reason); 429 queue full (with Retry-After); 503 warming up or shutting down; 504
 the request's `timeout` passed before its answer; 500 an internal fault only (logged with its
@@ -31,6 +34,7 @@ line.
 
 This module is the app factory (state, routers, middleware, lifespan); the parts it joins:
   settings     `ServeSettings`, the limits of one server, and their defaults
+  auth         the API key check
   state        `ServingState`, what the routes of one app share (`app.state.serving`)
   routers/     one router per ecosystem (cohere, jina_vllm, tei, log) and ops (/, /health, ...)
   scoring      the one path of every route into the engine
@@ -77,7 +81,11 @@ def warm_up(state: ServingState, load: Callable[[], Any],
   try:
     rr = load()
     state.reranker = rr
-    state.precompiled = rr.precompile()
+
+    def progress(done: int, total: int) -> None:
+      state.warmup = {"stage": "compiling", "done": done, "total": total}
+      log.info("warm-up: %d/%d programs ready (%.1fs)", done, total, time.perf_counter() - t0)
+    state.precompiled = rr.precompile(on_progress=progress)
     state.cut_tokenizer = copy.deepcopy(rr.tokenizer)
     state.batcher = Batcher(rr, max_batch_tokens=settings.max_batch_tokens,
                             max_queue=settings.max_queue, window_s=settings.window_s,

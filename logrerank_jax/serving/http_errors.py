@@ -20,7 +20,7 @@ class HttpError(Exception):
 
 
 # TEI's `error_type` of each status (TEI clients, e.g. Haystack's, read `error`/`error_type`).
-_ERROR_TYPES = {400: "Validation", 413: "Validation", 422: "Validation", 429: "Overloaded",
+_ERROR_TYPES = {400: "Validation", 401: "Unauthorized", 413: "Validation", 422: "Validation", 429: "Overloaded",
                 503: "Unhealthy", 504: "Overloaded", 500: "Backend"}
 
 

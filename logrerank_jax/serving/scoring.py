@@ -90,3 +90,15 @@ def spans(passage, opts: Optional[schemas.RelevantSpansRequest]) -> Optional[Lis
 def relevance(passage) -> float:
   """A passage's relevance score: its best sentence's final score; 0 for no usable text."""
   return passage.score if math.isfinite(passage.score) else 0.0
+
+
+# float32's resolution next to 1: a sigmoid score clipped here before its logit is taken.
+_EPS32 = 2.0 ** -24
+
+
+def raw_logit(state: ServingState, p: float) -> float:
+  """LoG's final logit z of a served score p = sigmoid(a z + b) (a = 1, b = 0 uncalibrated;
+  `engine.calibration`): what TEI's `raw_scores` asks for."""
+  c = min(max(p, _EPS32), 1.0 - _EPS32)
+  _, a, b = state.reranker.engine.score_map
+  return (math.log(c) - math.log1p(-c) - b) / a

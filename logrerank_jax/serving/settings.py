@@ -2,8 +2,8 @@
 
 import dataclasses
 
-from logrerank_jax.engine.batcher import (DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_QUEUE,
-                                           DEFAULT_WINDOW_S)
+from logrerank_jax.engine.defaults import (DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_QUEUE,
+                                            DEFAULT_WINDOW_S)
 
 # A 60-document request of long abstracts is ~200 KB of JSON; 16 MiB leaves room for 1,000.
 DEFAULT_MAX_BODY_BYTES = 16 << 20
@@ -22,3 +22,4 @@ class ServeSettings:
   timeout_s: float = DEFAULT_TIMEOUT_S
   window_s: float = DEFAULT_WINDOW_S
   max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+  api_key: str = ""  # `serving.auth`: empty, every route open

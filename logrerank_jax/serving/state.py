@@ -25,6 +25,9 @@ class ServingState:
   stopping: bool = False
   error: Optional[str] = None
   warmup_s: Optional[float] = None
+  # /health's progress while warming: {"stage": "loading"|"compiling", "done": n, "total": n}
+  warmup: dict = dataclasses.field(
+      default_factory=lambda: {"stage": "loading", "done": 0, "total": None})
   precompiled: Optional[dict] = None
   cut_tokenizer: Any = None                  # for max_tokens_per_doc, under cut_lock
   cut_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)

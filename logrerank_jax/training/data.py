@@ -13,7 +13,6 @@ the demo and for datasets of tens of thousands of queries.
 """
 
 import dataclasses
-import json
 import logging
 import math
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -22,6 +21,7 @@ import numpy as np
 
 from logrerank_jax.data.inference_input import (InferencePassage, InferenceRecord,
                                                 parse_inference_record)
+from logrerank_jax.data.jsonl import read_json_lines
 from logrerank_jax.data.packing import PackingConfig, QueryInput, pack_for_model
 from logrerank_jax.data.pool_files import expand_pools, read_corpus, read_pool_file
 from logrerank_jax.data.records import TrainingRecord
@@ -106,30 +106,25 @@ def read_teacher_file(path: str) -> Dict[str, Dict[str, Any]]:
     DataError: a malformed line (named by line number), a repeated id or a non-finite score.
   """
   out: Dict[str, Dict[str, Any]] = {}
-  with open(path, encoding="utf-8") as f:
-    for lineno, line in enumerate(f, start=1):
-      if not line.strip():
-        continue
-      where = f"{path}:{lineno}"
-      try:
-        rec = json.loads(line)
-      except ValueError as e:
-        raise DataError(f"{where}: invalid JSON ({e})") from None
-      if not isinstance(rec, dict):
-        rec = {}
-      qid, scores = rec.get("id"), rec.get("scores")
-      if not isinstance(qid, str) or not isinstance(scores, dict) or not scores:
-        raise DataError(f"{where}: expected {{\"id\": str, \"scores\": {{passage id: float}}}}")
-      if qid in out:
-        raise DataError(f"{where}: query id {qid!r} repeats")
-      bad = [k for k, v in scores.items() if isinstance(v, bool) or not isinstance(v, (int, float))
-             or not math.isfinite(v)]
-      if bad:
-        raise DataError(f"{where}: scores of {bad[:3]} are not finite numbers")
-      labelled = rec.get("labelled", True)
-      if not isinstance(labelled, bool):
-        raise DataError(f"{where}: 'labelled' must be true or false")
-      out[qid] = {"scores": {str(k): float(v) for k, v in scores.items()}, "labelled": labelled}
+  for lineno, rec, error in read_json_lines(path):  # an unreadable file: its OSError
+    where = f"{path}:{lineno}"
+    if error is not None:
+      raise DataError(f"{where}: invalid JSON ({error})") from None
+    if not isinstance(rec, dict):
+      rec = {}
+    qid, scores = rec.get("id"), rec.get("scores")
+    if not isinstance(qid, str) or not isinstance(scores, dict) or not scores:
+      raise DataError(f"{where}: expected {{\"id\": str, \"scores\": {{passage id: float}}}}")
+    if qid in out:
+      raise DataError(f"{where}: query id {qid!r} repeats")
+    bad = [k for k, v in scores.items() if isinstance(v, bool) or not isinstance(v, (int, float))
+           or not math.isfinite(v)]
+    if bad:
+      raise DataError(f"{where}: scores of {bad[:3]} are not finite numbers")
+    labelled = rec.get("labelled", True)
+    if not isinstance(labelled, bool):
+      raise DataError(f"{where}: 'labelled' must be true or false")
+    out[qid] = {"scores": {str(k): float(v) for k, v in scores.items()}, "labelled": labelled}
   return out
 
 

@@ -30,6 +30,7 @@ import os
 import re
 from typing import Any, Iterator, Optional, Sequence
 
+from logrerank_jax.data.jsonl import read_json_lines
 from logrerank_jax.errors import DataError
 
 SINGLE = "single_paper"
@@ -232,18 +233,9 @@ def parse_instance(obj: Any, rule: SubsetRule, where: str) -> Optional[Instance]
 
 def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, Any, Optional[str]]]:
   """Yield (line number, parsed value or None, error or None) for each non-blank line."""
-  try:
-    f = open(path, encoding="utf-8")
-  except OSError as e:
-    raise DataError(f"{path}: cannot read ({e.strerror or e})") from None
-  with f:
-    for lineno, line in enumerate(f, start=1):
-      if not line.strip():
-        continue
-      try:
-        yield lineno, json.loads(line), None
-      except json.JSONDecodeError as e:
-        yield lineno, None, f"malformed JSON: {e.msg} at column {e.colno}"
+  for lineno, value, error in read_json_lines(path, lambda why: f"{path}: cannot read ({why})"):
+    yield lineno, value, (None if error is None
+                          else f"malformed JSON: {error.msg} at column {error.colno}")
 
 
 def extract_instances(path: str | os.PathLike, rule: SubsetRule = SubsetRule()

@@ -16,12 +16,12 @@ facet model. None is available offline, so three interchangeable sources exist:
 """
 
 import collections
-import json
 import math
 import os
 import re
 from typing import Protocol, Sequence
 
+from logrerank_jax.data.jsonl import read_json_lines
 from logrerank_jax.datasets.pubmed_adapter import UNIFORM_ROLE
 from logrerank_jax.datasets.pubmed_adapter import section_role
 from logrerank_jax.errors import DataError
@@ -79,27 +79,19 @@ class JsonlRoleSource:
     """
     self.path = os.fspath(path)
     self.table: dict[tuple[str, str], Role] = {}
-    try:
-      f = open(self.path, encoding="utf-8")
-    except OSError as e:
-      raise DataError(f"{self.path}: cannot read roles ({e.strerror or e})") from None
-    with f:
-      for lineno, line in enumerate(f, start=1):
-        if not line.strip():
-          continue
-        where = f"{self.path}:{lineno}"
-        try:
-          obj = json.loads(line)
-        except json.JSONDecodeError as e:
-          raise DataError(f"{where}: malformed JSON: {e.msg}") from None
-        if (not isinstance(obj, dict) or not isinstance(obj.get("passage_id"), str)
-            or not isinstance(obj.get("sentences"), list)):
-          raise DataError(f"{where}: expected {{'passage_id': str, 'sentences': [...]}}")
-        for j, s in enumerate(obj["sentences"]):
-          if not isinstance(s, dict) or not isinstance(s.get("text"), str):
-            raise DataError(f"{where}: sentences[{j}] needs a 'text' string")
-          self.table[(obj["passage_id"], normalize_space(s["text"]))] = check_role(
-              s.get("role"), f"{where} sentences[{j}]")
+    for lineno, obj, error in read_json_lines(
+        self.path, lambda why: f"{self.path}: cannot read roles ({why})"):
+      where = f"{self.path}:{lineno}"
+      if error is not None:
+        raise DataError(f"{where}: malformed JSON: {error.msg}") from None
+      if (not isinstance(obj, dict) or not isinstance(obj.get("passage_id"), str)
+          or not isinstance(obj.get("sentences"), list)):
+        raise DataError(f"{where}: expected {{'passage_id': str, 'sentences': [...]}}")
+      for j, s in enumerate(obj["sentences"]):
+        if not isinstance(s, dict) or not isinstance(s.get("text"), str):
+          raise DataError(f"{where}: sentences[{j}] needs a 'text' string")
+        self.table[(obj["passage_id"], normalize_space(s["text"]))] = check_role(
+            s.get("role"), f"{where} sentences[{j}]")
 
   def annotate(self, passage_id, title, text, spans):
     """Look up each span's role; a sentence without one is an error naming it."""

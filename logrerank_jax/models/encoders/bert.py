@@ -30,24 +30,20 @@ import jax.numpy as jnp
 import numpy as np
 
 from logrerank_jax.errors import ConfigError, LogRerankError
-from logrerank_jax.models.attention import dispatch as attention_dispatch
-from logrerank_jax.models.encoders.hf_common import (ACTIVATIONS, get_activation, init_module_params,
-                                            read_hf_config)
-from logrerank_jax.models.encoders.layers import (
-    LayerNorm,
-    default_segments_and_positions,
-    dispatch_attention,
-    pool_segments,
-)
+from logrerank_jax.models.encoders.hf_common import (ACTIVATIONS, EncoderConfig, get_activation,
+                                                     hf_dict_fields, hf_fields, hf_label_maps,
+                                                     hf_num_labels, init_module_params,
+                                                     read_hf_config)
+from logrerank_jax.models.encoders.layers import (LayerNorm, checked_inputs, classifier_logits,
+                                                  default_segments_and_positions,
+                                                  dispatch_attention, pool_segments)
 
 # HF model types with this layout, and whether their positions are offset by pad_token_id + 1.
 _MODEL_TYPES = {"bert": False, "roberta": True, "xlm-roberta": True}
-_REQUIRED_HF_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                     "num_attention_heads")
 
 
 @dataclasses.dataclass(frozen=True)
-class BertConfig:
+class BertConfig(EncoderConfig):
   """Hyper-parameters of a BERT-family encoder (+ sequence-classification head).
 
   Defaults are those of transformers' `BertConfig` (bert-base-uncased), except `num_labels`
@@ -82,14 +78,9 @@ class BertConfig:
 
   def __post_init__(self):
     """Reject values the model cannot honour and normalise numeric fields."""
-    for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                "intermediate_size", "max_position_embeddings", "type_vocab_size", "num_labels"):
-      value = getattr(self, key)
-      if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ConfigError(f"BertConfig.{key} must be a positive integer, got {value!r}")
-    if self.hidden_size % self.num_attention_heads:
-      raise ConfigError(f"BertConfig.hidden_size ({self.hidden_size}) is not a multiple of "
-                        f"num_attention_heads ({self.num_attention_heads})")
+    self.check_shape(("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                      "intermediate_size", "max_position_embeddings", "type_vocab_size",
+                      "num_labels"))
     if self.hidden_act not in ACTIVATIONS:
       raise ConfigError(f"BertConfig.hidden_act {self.hidden_act!r} is not supported; expected "
                         f"one of {sorted(ACTIVATIONS)}")
@@ -112,26 +103,8 @@ class BertConfig:
     if not float(self.layer_norm_eps) > 0.0:
       raise ConfigError(f"BertConfig.layer_norm_eps must be > 0, got {self.layer_norm_eps!r}")
     object.__setattr__(self, "layer_norm_eps", float(self.layer_norm_eps))
-    try:
-      dtype = jnp.dtype(self.dtype)
-    except TypeError as e:
-      raise ConfigError(f"BertConfig.dtype is not a dtype: {self.dtype!r}") from e
-    if dtype not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
-      raise ConfigError(f"BertConfig.dtype must be float32, bfloat16 or float16, got {dtype}")
-    object.__setattr__(self, "dtype", dtype)
-    if self.attention_impl not in attention_dispatch.IMPLS:
-      raise ConfigError(f"BertConfig.attention_impl must be one of {attention_dispatch.IMPLS}, "
-                        f"got {self.attention_impl!r}")
-
-  def resolved_attention_impl(self) -> str:
-    """The attention path that runs on JAX's default backend ("auto" resolved; a kernel that
-    cannot run here replaced by its logged fallback)."""
-    return attention_dispatch.resolve(self.attention_impl, jax.default_backend(), self.head_dim)
-
-  @property
-  def head_dim(self) -> int:
-    """Width of one attention head."""
-    return self.hidden_size // self.num_attention_heads
+    self.check_compute_dtype()
+    self.check_attention_impl()
 
   @property
   def classifier_dropout_rate(self) -> float:
@@ -142,10 +115,6 @@ class BertConfig:
   def max_positions(self) -> int:
     """Longest position id (exclusive) a segment may use: max_position_embeddings - offset."""
     return self.max_position_embeddings - self.position_offset
-
-  def replace(self, **changes) -> "BertConfig":
-    """Return a copy with some fields changed (validated again)."""
-    return dataclasses.replace(self, **changes)
 
   @classmethod
   def from_hf(cls, path_or_dict: Union[str, os.PathLike, Mapping[str, Any]],
@@ -165,9 +134,11 @@ class BertConfig:
     if model_type not in _MODEL_TYPES:
       raise ConfigError(f"HF config model_type is {model_type!r}, expected one of "
                         f"{sorted(_MODEL_TYPES)}")
-    for key in _REQUIRED_HF_KEYS:
-      if key not in hf:
-        raise ConfigError(f"HF config lacks required key {key!r}")
+    passthrough = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                   "intermediate_size", "hidden_act", "hidden_dropout_prob",
+                   "attention_probs_dropout_prob", "max_position_embeddings", "type_vocab_size",
+                   "layer_norm_eps", "pad_token_id", "classifier_dropout")
+    kwargs = {"model_type": model_type, **hf_fields(hf, passthrough)}
     pet = hf.get("position_embedding_type", "absolute")
     if pet not in (None, "absolute"):
       raise ConfigError(f"HF config position_embedding_type {pet!r} is not supported "
@@ -175,38 +146,19 @@ class BertConfig:
     for key in ("is_decoder", "add_cross_attention"):
       if hf.get(key):
         raise ConfigError(f"HF config sets {key}; only bidirectional encoders are supported")
-    kwargs = {"model_type": model_type}
-    passthrough = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                   "intermediate_size", "hidden_act", "hidden_dropout_prob",
-                   "attention_probs_dropout_prob", "max_position_embeddings", "type_vocab_size",
-                   "layer_norm_eps", "pad_token_id", "classifier_dropout")
-    for key in passthrough:
-      if key in hf and hf[key] is not None:
-        kwargs[key] = hf[key]
     if _MODEL_TYPES[model_type]:
       kwargs["position_offset"] = int(kwargs.get("pad_token_id", 1) or 0) + 1
-    if hf.get("id2label"):
-      kwargs["num_labels"] = len(hf["id2label"])
-    elif hf.get("num_labels") is not None:
-      kwargs["num_labels"] = hf["num_labels"]
-    else:
-      kwargs["num_labels"] = 2  # transformers' PretrainedConfig default
+    kwargs["num_labels"] = hf_num_labels(hf)
     kwargs.update(overrides)
     return cls(**kwargs)
 
   def to_hf_dict(self) -> dict:
     """Return a dict accepted by `transformers.BertConfig(**d)` (RobertaConfig for RoBERTa) and
     by `from_hf`."""
-    d = {"architectures": ["BertForSequenceClassification" if self.model_type == "bert"
-                           else "RobertaModel"],
-         "position_embedding_type": "absolute",
-         "id2label": {str(i): f"LABEL_{i}" for i in range(self.num_labels)},
-         "label2id": {f"LABEL_{i}": i for i in range(self.num_labels)}}
-    for f in dataclasses.fields(self):
-      if f.name in ("dtype", "num_labels", "position_offset", "attention_impl"):
-        continue
-      d[f.name] = getattr(self, f.name)
-    return d
+    return {"architectures": ["BertForSequenceClassification" if self.model_type == "bert"
+                              else "RobertaModel"],
+            "position_embedding_type": "absolute", **hf_label_maps(self.num_labels),
+            **hf_dict_fields(self, ("dtype", "num_labels", "position_offset", "attention_impl"))}
 
 
 def _dense(features, dtype, name):
@@ -306,15 +258,9 @@ class BertEncoder(nn.Module):
       [B, L, d] in cfg.dtype.
     """
     cfg = self.cfg
-    if input_ids.ndim != 2:
-      raise LogRerankError(f"BertEncoder: input_ids must be [B, L], got shape {input_ids.shape}")
-    if attention_mask is None:
-      attention_mask = jnp.ones_like(input_ids)
-    for name, x in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids),
-                    ("segment_ids", segment_ids), ("position_ids", position_ids)):
-      if x is not None and x.shape != input_ids.shape:
-        raise LogRerankError(f"BertEncoder: {name} has shape {x.shape}, input_ids "
-                             f"{input_ids.shape}")
+    attention_mask = checked_inputs("BertEncoder", input_ids, attention_mask,
+                                    token_type_ids=token_type_ids, segment_ids=segment_ids,
+                                    position_ids=position_ids)
     if position_ids is None and input_ids.shape[1] > cfg.max_positions:
       raise LogRerankError(f"BertEncoder: sequence length {input_ids.shape[1]} exceeds the "
                            f"{cfg.max_positions} positions the model has")
@@ -358,9 +304,7 @@ class BertSequenceClassifier(nn.Module):
       first = hidden[:, 0]  # [B, d]
     pooled = BertPooler(cfg, name="pooler")(first)
     pooled = nn.Dropout(cfg.classifier_dropout_rate)(pooled, deterministic=deterministic)
-    # Scores stay float32 even under bf16 compute: bf16 collapses near scores into ties.
-    return nn.Dense(cfg.num_labels, use_bias=True, dtype=jnp.float32, param_dtype=jnp.float32,
-                    name="classifier")(pooled.astype(jnp.float32))
+    return classifier_logits(cfg.num_labels, pooled)
 
 
 class BertPooler(nn.Module):
@@ -375,16 +319,7 @@ class BertPooler(nn.Module):
 
 def init_params(cfg: BertConfig, rng: jax.Array, classifier: bool = False,
                 seq_len: int = 8) -> dict:
-  """Return freshly initialised params of the encoder (or the sequence classifier).
-
-  Args:
-    cfg: model config.
-    rng: PRNG key.
-    classifier: True for `BertSequenceClassifier` params.
-    seq_len: length of the dummy input used for shape inference.
-
-  Returns:
-    The param tree (without the "params" collection wrapper).
-  """
+  """Fresh params of `BertEncoder` (`BertSequenceClassifier` with `classifier`), without the
+  "params" wrapper (`hf_common.init_module_params`, on a dummy [1, seq_len] batch)."""
   module = BertSequenceClassifier(cfg) if classifier else BertEncoder(cfg)
   return init_module_params(module, rng, seq_len)

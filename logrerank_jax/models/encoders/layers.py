@@ -4,7 +4,9 @@
   dispatch_attention               runs the attention path `attention_impl` resolved to
                                    (`models/attention/dispatch.py`), every path exact on real tokens
   default_segments_and_positions   the packing inputs when a caller gives none
+  checked_inputs                   an encoder's input shapes checked, the mask defaulted
   pool_segments                    one vector per packed segment ("cls" or "mean")
+  classifier_logits                a sequence classifier's last layer (float32 logits)
 """
 
 from typing import Any, Optional
@@ -13,7 +15,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from logrerank_jax.errors import ConfigError
+from logrerank_jax.errors import ConfigError, LogRerankError
 from logrerank_jax.models.attention import dispatch as attention_dispatch
 from logrerank_jax.models.attention.blocked import blocked_local_attention
 from logrerank_jax.models.attention.pallas_gpu import pallas_attention
@@ -98,6 +100,22 @@ def default_segments_and_positions(attention_mask, segment_ids=None, position_id
   return segment_ids.astype(jnp.int32), position_ids.astype(jnp.int32)
 
 
+def checked_inputs(owner: str, input_ids, attention_mask, **others):
+  """Check an encoder's inputs and return `attention_mask` (None: all ones).
+
+  `input_ids` must be [B, L] and every other input given (the mask, then `others` in order)
+  its shape; a `LogRerankError` names `owner` (the module) and the input.
+  """
+  if input_ids.ndim != 2:
+    raise LogRerankError(f"{owner}: input_ids must be [B, L], got shape {input_ids.shape}")
+  if attention_mask is None:
+    attention_mask = jnp.ones_like(input_ids)
+  for name, x in (("attention_mask", attention_mask), *others.items()):
+    if x is not None and x.shape != input_ids.shape:
+      raise LogRerankError(f"{owner}: {name} has shape {x.shape}, input_ids {input_ids.shape}")
+  return attention_mask
+
+
 def pool_segments(hidden: jax.Array, segment_ids: jax.Array, num_segments: int,
                   pooling: str) -> jax.Array:
   """Pool each packed segment: its first token ("cls") or the mean of its tokens ("mean").
@@ -122,3 +140,13 @@ def pool_segments(hidden: jax.Array, segment_ids: jax.Array, num_segments: int,
     pooled = jnp.take_along_axis(hidden, first[..., None], axis=1)  # [B, S, d]
     return jnp.where(onehot.any(-1)[..., None], pooled, 0.0)
   raise ConfigError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
+
+
+def classifier_logits(num_labels: int, pooled: jax.Array) -> jax.Array:
+  """The linear classifier of a sequence classifier (params "classifier", of the module whose
+  `__call__` runs this): float32 logits [..., num_labels].
+
+  Scores stay float32 even under bf16 compute: bf16 collapses near scores into ties.
+  """
+  return nn.Dense(num_labels, use_bias=True, dtype=jnp.float32, param_dtype=jnp.float32,
+                  name="classifier")(pooled.astype(jnp.float32))

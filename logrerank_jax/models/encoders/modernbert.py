@@ -18,9 +18,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from logrerank_jax.errors import LogRerankError
 from logrerank_jax.models.encoders.hf_common import get_activation, init_module_params
-from logrerank_jax.models.encoders.layers import (LayerNorm, default_segments_and_positions,
+from logrerank_jax.models.encoders.layers import (LayerNorm, checked_inputs, classifier_logits,
+                                                  default_segments_and_positions,
                                                   dispatch_attention, pool_segments)
 # The config is part of this module's public face: `from ...modernbert import ModernBertConfig`.
 from logrerank_jax.models.encoders.modernbert_config import (FULL_ATTENTION, SLIDING_ATTENTION,
@@ -160,15 +160,8 @@ class ModernBertEncoder(nn.Module):
       [B, L, d] in cfg.dtype.
     """
     cfg = self.cfg
-    if input_ids.ndim != 2:
-      raise LogRerankError(f"ModernBertEncoder: input_ids must be [B, L], got shape {input_ids.shape}")
-    if attention_mask is None:
-      attention_mask = jnp.ones_like(input_ids)
-    for name, x in (("attention_mask", attention_mask), ("segment_ids", segment_ids),
-                    ("position_ids", position_ids)):
-      if x is not None and x.shape != input_ids.shape:
-        raise LogRerankError(f"ModernBertEncoder: {name} has shape {x.shape}, input_ids "
-                             f"{input_ids.shape}")
+    attention_mask = checked_inputs("ModernBertEncoder", input_ids, attention_mask,
+                                    segment_ids=segment_ids, position_ids=position_ids)
     segment_ids, position_ids = default_segments_and_positions(attention_mask, segment_ids,
                                                                 position_ids)
     x = ModernBertEmbeddings(cfg, name="embeddings")(input_ids, deterministic)
@@ -228,23 +221,12 @@ class ModernBertSequenceClassifier(nn.Module):
       pooled = (hidden.astype(jnp.float32) * m).sum(1) / jnp.maximum(m.sum(1), 1.0)  # [B, d]
     pooled = ModernBertPredictionHead(cfg, name="head")(pooled.astype(cfg.dtype))
     pooled = nn.Dropout(cfg.classifier_dropout)(pooled, deterministic=deterministic)
-    # Scores stay float32 even under bf16 compute: bf16 collapses near scores into ties.
-    return nn.Dense(cfg.num_labels, use_bias=True, dtype=jnp.float32, param_dtype=jnp.float32,
-                    name="classifier")(pooled.astype(jnp.float32))
+    return classifier_logits(cfg.num_labels, pooled)
 
 
 def init_params(cfg: ModernBertConfig, rng: jax.Array, classifier: bool = False,
                 seq_len: int = 8) -> dict:
-  """Return freshly initialised params of the encoder (or the sequence classifier).
-
-  Args:
-    cfg: model config.
-    rng: PRNG key.
-    classifier: True for `ModernBertSequenceClassifier` params.
-    seq_len: length of the dummy input used for shape inference.
-
-  Returns:
-    The param tree (without the "params" collection wrapper).
-  """
+  """Fresh params of `ModernBertEncoder` (`ModernBertSequenceClassifier` with `classifier`),
+  without the "params" wrapper (`hf_common.init_module_params`, on a dummy [1, seq_len] batch)."""
   module = ModernBertSequenceClassifier(cfg) if classifier else ModernBertEncoder(cfg)
   return init_module_params(module, rng, seq_len)

@@ -10,23 +10,18 @@ import dataclasses
 import os
 from typing import Any, Mapping, Optional, Tuple, Union
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from logrerank_jax.errors import ConfigError
-from logrerank_jax.models.attention import dispatch as attention_dispatch
-from logrerank_jax.models.encoders.hf_common import ACTIVATIONS, read_hf_config
+from logrerank_jax.models.encoders.hf_common import (ACTIVATIONS, EncoderConfig, hf_dict_fields,
+                                                     hf_fields, hf_label_maps, hf_num_labels,
+                                                     read_hf_config)
 from logrerank_jax.models.encoders.layers import POOLINGS
 
 FULL_ATTENTION = "full_attention"
 SLIDING_ATTENTION = "sliding_attention"
 _LAYER_TYPES = (FULL_ATTENTION, SLIDING_ATTENTION)
-_ATTENTION_IMPLS = attention_dispatch.IMPLS
-
-# Fields a HF config.json must state: they fix the parameter shapes, so a default would be a guess.
-_REQUIRED_HF_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                     "num_attention_heads")
 
 
 def _layer_types_every_n(num_layers: int, every_n: int) -> Tuple[str, ...]:
@@ -35,7 +30,7 @@ def _layer_types_every_n(num_layers: int, every_n: int) -> Tuple[str, ...]:
 
 
 @dataclasses.dataclass(frozen=True)
-class ModernBertConfig:
+class ModernBertConfig(EncoderConfig):
   """Hyper-parameters of a ModernBERT encoder (+ sequence-classification head).
 
   Defaults are those of transformers' `ModernBertConfig` (ModernBERT-base), except
@@ -88,15 +83,9 @@ class ModernBertConfig:
 
   def __post_init__(self):
     """Normalise derived fields and reject values the model cannot honour."""
-    for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                "num_attention_heads", "max_position_embeddings", "local_attention",
-                "global_attn_every_n_layers", "num_labels"):
-      value = getattr(self, key)
-      if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ConfigError(f"ModernBertConfig.{key} must be a positive integer, got {value!r}")
-    if self.hidden_size % self.num_attention_heads:
-      raise ConfigError(f"ModernBertConfig.hidden_size ({self.hidden_size}) is not a multiple of "
-                        f"num_attention_heads ({self.num_attention_heads})")
+    self.check_shape(("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                      "num_attention_heads", "max_position_embeddings", "local_attention",
+                      "global_attn_every_n_layers", "num_labels"))
     if (self.hidden_size // self.num_attention_heads) % 2:
       raise ConfigError("ModernBertConfig: head_dim must be even for rotary embeddings, got "
                         f"{self.hidden_size // self.num_attention_heads}")
@@ -114,9 +103,7 @@ class ModernBertConfig:
     if self.classifier_pooling not in POOLINGS:
       raise ConfigError(f"ModernBertConfig.classifier_pooling must be one of {POOLINGS}, "
                         f"got {self.classifier_pooling!r}")
-    if self.attention_impl not in _ATTENTION_IMPLS:
-      raise ConfigError(f"ModernBertConfig.attention_impl must be one of {_ATTENTION_IMPLS}, "
-                        f"got {self.attention_impl!r}")
+    self.check_attention_impl()
     if self.layer_types is None:
       layer_types = _layer_types_every_n(self.num_hidden_layers, self.global_attn_every_n_layers)
     else:
@@ -134,26 +121,10 @@ class ModernBertConfig:
       if _layer_types_every_n(self.num_hidden_layers, n) == layer_types:
         object.__setattr__(self, "global_attn_every_n_layers", n)
         break
-    try:
-      dtype = jnp.dtype(self.dtype)
-    except TypeError as e:
-      raise ConfigError(f"ModernBertConfig.dtype is not a dtype: {self.dtype!r}") from e
-    if dtype not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
-      raise ConfigError(f"ModernBertConfig.dtype must be float32, bfloat16 or float16, got {dtype}")
-    object.__setattr__(self, "dtype", dtype)
+    self.check_compute_dtype()
     for key in ("norm_eps", "global_rope_theta", "local_rope_theta", "attention_dropout",
                 "embedding_dropout", "mlp_dropout", "classifier_dropout"):
       object.__setattr__(self, key, float(getattr(self, key)))
-
-  def resolved_attention_impl(self) -> str:
-    """The attention path that runs on JAX's default backend: "auto" resolved, and a kernel
-    that cannot run here replaced by its logged fallback (see the class doc)."""
-    return attention_dispatch.resolve(self.attention_impl, jax.default_backend(), self.head_dim)
-
-  @property
-  def head_dim(self) -> int:
-    """Width of one attention head."""
-    return self.hidden_size // self.num_attention_heads
 
   @property
   def sliding_window(self) -> int:
@@ -164,10 +135,6 @@ class ModernBertConfig:
   def max_positions(self) -> int:
     """Longest position id (exclusive) a segment may use (as `BertConfig.max_positions`)."""
     return self.max_position_embeddings
-
-  def replace(self, **changes) -> "ModernBertConfig":
-    """Return a copy with some fields changed (validated again)."""
-    return dataclasses.replace(self, **changes)
 
   @classmethod
   def from_hf(cls, path_or_dict: Union[str, os.PathLike, Mapping[str, Any]],
@@ -186,30 +153,19 @@ class ModernBertConfig:
     model_type = hf.get("model_type", "modernbert")
     if model_type != "modernbert":
       raise ConfigError(f"HF config model_type is {model_type!r}, expected 'modernbert'")
-    for key in _REQUIRED_HF_KEYS:
-      if key not in hf:
-        raise ConfigError(f"HF config lacks required key {key!r}")
-    kwargs = {}
     passthrough = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                    "num_attention_heads", "hidden_activation", "max_position_embeddings",
                    "norm_eps", "norm_bias", "attention_bias", "mlp_bias", "attention_dropout",
                    "embedding_dropout", "mlp_dropout", "local_attention",
                    "global_attn_every_n_layers", "pad_token_id", "classifier_pooling",
                    "classifier_activation", "classifier_bias", "classifier_dropout")
-    for key in passthrough:
-      if key in hf and hf[key] is not None:
-        kwargs[key] = hf[key]
+    kwargs = hf_fields(hf, passthrough)
     if "sliding_window" in hf and "local_attention" not in hf:
       kwargs["local_attention"] = 2 * int(hf["sliding_window"])
     if hf.get("layer_types") is not None:
       kwargs["layer_types"] = tuple(hf["layer_types"])
     kwargs.update(_rope_thetas(hf))
-    if hf.get("id2label"):
-      kwargs["num_labels"] = len(hf["id2label"])
-    elif hf.get("num_labels") is not None:
-      kwargs["num_labels"] = hf["num_labels"]
-    else:
-      kwargs["num_labels"] = 2  # transformers' PretrainedConfig default
+    kwargs["num_labels"] = hf_num_labels(hf)
     kwargs.update(overrides)
     return cls(**kwargs)
 
@@ -227,14 +183,10 @@ class ModernBertConfig:
             FULL_ATTENTION: {"rope_type": "default", "rope_theta": self.global_rope_theta},
             SLIDING_ATTENTION: {"rope_type": "default", "rope_theta": self.local_rope_theta},
         },
-        "id2label": {str(i): f"LABEL_{i}" for i in range(self.num_labels)},
-        "label2id": {f"LABEL_{i}": i for i in range(self.num_labels)},
+        **hf_label_maps(self.num_labels),
     }
-    for f in dataclasses.fields(self):
-      if f.name in ("layer_types", "dtype", "attention_impl", "num_labels",
-                    "global_rope_theta", "local_rope_theta"):
-        continue
-      d[f.name] = getattr(self, f.name)
+    d.update(hf_dict_fields(self, ("layer_types", "dtype", "attention_impl", "num_labels",
+                                   "global_rope_theta", "local_rope_theta")))
     return d
 
 

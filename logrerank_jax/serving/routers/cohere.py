@@ -3,10 +3,11 @@
 from fastapi import APIRouter, Depends, Request
 
 from logrerank_jax.serving import schemas
+from logrerank_jax.serving.auth import require_key
 from logrerank_jax.serving.scoring import relevance, score, spans
 from logrerank_jax.serving.state import ServingState, serving_state
 
-router = APIRouter()
+router = APIRouter(dependencies=[Depends(require_key)])
 
 
 @router.post("/v2/rerank", response_model=schemas.CohereRerankResponse,

@@ -4,10 +4,11 @@
 from fastapi import APIRouter, Depends, Request
 
 from logrerank_jax.serving import schemas
+from logrerank_jax.serving.auth import require_key
 from logrerank_jax.serving.scoring import relevance, score, spans
 from logrerank_jax.serving.state import ServingState, serving_state
 
-router = APIRouter()
+router = APIRouter(dependencies=[Depends(require_key)])
 
 
 def usage(tokens: int) -> schemas.Usage:

@@ -9,11 +9,12 @@ from fastapi.responses import JSONResponse
 
 from logrerank_jax.data.inference_input import parse_inference_record
 from logrerank_jax.errors import DataError
+from logrerank_jax.serving.auth import require_key
 from logrerank_jax.serving.http_errors import HttpError
 from logrerank_jax.serving.scoring import require_ready, through_batcher
 from logrerank_jax.serving.state import ServingState, serving_state
 
-router = APIRouter()
+router = APIRouter(dependencies=[Depends(require_key)])
 
 
 @router.post("/log/rerank", summary="LoG's full record (what tools/rerank.py writes)")

@@ -6,6 +6,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from logrerank_jax import explain
+from logrerank_jax.serving.auth import require_key
 from logrerank_jax.serving.demo_pools import demo_pools
 from logrerank_jax.serving.state import ServingState, serving_state
 
@@ -22,16 +23,22 @@ async def home_page(state: ServingState = Depends(serving_state)):
   return HTMLResponse(state.home_page)
 
 
-@router.get("/health", summary="200 once the model is loaded and compiled")
+@router.get("/health", summary="200 once the model is loaded and compiled; while warming, "
+            "503 with the warm-up's progress")
 async def health(state: ServingState = Depends(serving_state)):
   if state.ready:
     return {"status": "ok"}
   status = "stopping" if state.stopping else ("failed" if state.error else "warming")
-  return JSONResponse({"status": status, **({"error": state.error} if state.error else {})},
-                      status_code=503)
+  body = {"status": status, **({"error": state.error} if state.error else {})}
+  if status == "warming":
+    # stage "loading" (the folder read, no programs known yet), then "compiling": `done` of
+    # `total` programs compiled or loaded from the persistent cache.
+    body["warmup"] = dict(state.warmup)
+  return JSONResponse(body, status_code=503)
 
 
-@router.get("/info", summary="model, backbone, buckets, devices, limits, version")
+@router.get("/info", summary="model, backbone, buckets, devices, limits, version",
+            dependencies=[Depends(require_key)])
 async def info(state: ServingState = Depends(serving_state)):
   settings = state.settings
   out = {"version": state.version, "model": settings.model_name, "ready": state.ready,

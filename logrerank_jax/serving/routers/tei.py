@@ -1,21 +1,18 @@
 """POST /rerank: TEI's rerank (`texts` -> [{index, score, text?}]), or the Jina / vLLM shape
 when the body has `documents` (`schemas.AnyRerankRequest` tells them apart)."""
 
-import math
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from logrerank_jax.serving import schemas
+from logrerank_jax.serving.auth import require_key
 from logrerank_jax.serving.routers.jina_vllm import jina_response
-from logrerank_jax.serving.scoring import relevance, score
+from logrerank_jax.serving.scoring import raw_logit, relevance, score
 from logrerank_jax.serving.state import ServingState, serving_state
 
-# float32's resolution next to 1: a sigmoid score clipped here before its logit is taken.
-_EPS32 = 2.0 ** -24
-
-router = APIRouter()
+router = APIRouter(dependencies=[Depends(require_key)])
 
 
 @router.post("/rerank", response_model=Any,
@@ -30,9 +27,8 @@ async def rerank(req: schemas.AnyRerankRequest, request: Request,
   out = []
   for p in ranked:
     s = relevance(p)
-    if req.raw_scores:  # the logit of the final score (sigmoid) LoG ranks by
-      c = min(max(s, _EPS32), 1.0 - _EPS32)
-      s = math.log(c) - math.log1p(-c)
+    if req.raw_scores:  # the logit LoG ranks by, under the (calibrated) sigmoid score
+      s = raw_logit(state, s)
     out.append({"index": p.index, "score": s, **({"text": req.texts[p.index]}
                                                    if req.return_text else {})})
   return JSONResponse(out)

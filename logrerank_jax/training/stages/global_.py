@@ -167,5 +167,16 @@ class GlobalStage(Stage):
     return {"local": jax.device_get(self.frozen_local), "global": params["global"]}
 
   def save(self, model_dir: str, params, info) -> None:
-    """Write the LoG model folder (`models.model_folder.save_model`)."""
+    """Write the LoG model folder (`models.model_folder.save_model`), and with validation
+    pools its calibration.json (`engine.calibration`: served scores become probabilities)."""
     save_model(model_dir, params, self.cfg, self.tokenizer, info=info)
+    if self.config.get("val_pools", "") and self.config.get("val_qrels", ""):
+      from logrerank_jax.engine.calibration import fit_and_save_calibration  # pylint: disable=g-import-not-at-top
+      from logrerank_jax.errors import LogRerankError  # pylint: disable=g-import-not-at-top
+      try:
+        cal = fit_and_save_calibration(model_dir, self.config.val_pools, self.config.val_qrels,
+                                       self.config.get("val_corpus", ""))
+        print(f"calibration: ECE {cal['ece_before']:.4f} -> {cal['ece_after']:.4f} "
+              f"(a={cal['a']:.4g}, b={cal['b']:.4g}, {cal['n']} passages)", flush=True)
+      except LogRerankError as e:  # e.g. a model that ranks nothing right yet: raw scores
+        print(f"calibration: not fitted ({e}); the model keeps its raw scores", flush=True)
