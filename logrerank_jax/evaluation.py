@@ -24,7 +24,7 @@ empty relevant set (so it is skipped by the metrics, not lost).
 
 import math
 import os
-from typing import Hashable, Mapping, Sequence
+from typing import Any, Hashable, Mapping, Sequence
 
 from logrerank_jax.errors import DataError
 
@@ -234,3 +234,36 @@ def read_qrels(path: str) -> dict[str, set]:
     if rel_value > 0:
       docs.add(doc)
   return out
+
+
+# ----------------------------------------------------------------------------- role head
+
+def role_confusion(gold: Sequence[int], pred: Sequence[int], num_classes: int) -> list[list[int]]:
+  """Confusion matrix `m[g][p]`: how many items of gold class g were predicted p."""
+  if len(gold) != len(pred):
+    raise ValueError(f"role_confusion: {len(gold)} gold labels but {len(pred)} predictions")
+  m = [[0] * num_classes for _ in range(num_classes)]
+  for g, p in zip(gold, pred):
+    m[int(g)][int(p)] += 1
+  return m
+
+
+def classification_report(confusion: Sequence[Sequence[int]]) -> dict[str, Any]:
+  """Per-class precision, recall and F1, their macro mean and accuracy, from a confusion matrix
+  (`role_confusion`). A class never predicted has precision 0; never present, recall 0 (and is
+  still one of the classes macro-F1 averages over, as scikit-learn's `f1_score(average="macro")`
+  with `labels` given)."""
+  n = len(confusion)
+  total = sum(sum(row) for row in confusion)
+  per_class = []
+  for c in range(n):
+    tp = confusion[c][c]
+    predicted = sum(confusion[g][c] for g in range(n))
+    present = sum(confusion[c])
+    p = tp / predicted if predicted else 0.0
+    r = tp / present if present else 0.0
+    per_class.append({"precision": p, "recall": r, "f1": 2 * p * r / (p + r) if p + r else 0.0,
+                      "support": present})
+  return {"per_class": per_class, "macro_f1": sum(c["f1"] for c in per_class) / n,
+          "accuracy": sum(confusion[c][c] for c in range(n)) / total if total else 0.0,
+          "n": total}

@@ -154,7 +154,8 @@ def test_global_stage_with_teacher_and_pool_validation(data, local_run, tmp_path
   # One micro-batch of all three queries (two with teacher scores) per step.
   g = _config("global", **_overrides(data, max_steps=2, micro_batch_size=4, eval_every_steps=1,
                                      local_checkpoint=str(work), val_pools=config.val_pools,
-                                     val_qrels=config.val_qrels, val_corpus=config.val_corpus))
+                                     val_qrels=config.val_qrels, val_corpus=config.val_corpus,
+                                     validate_at_start=True))
   summary = trainer.train_and_evaluate(g, str(tmp_path / "global"))
   log = [json.loads(l) for l in (tmp_path / "global" / "metrics.jsonl").read_text().splitlines()]
   train = [r for r in log if r["event"] == "train"]
@@ -164,10 +165,12 @@ def test_global_stage_with_teacher_and_pool_validation(data, local_run, tmp_path
   # (the best one's), and the last validation apart.
   vals = {r["step"]: {k: v for k, v in r.items() if k not in ("event", "step", "epoch")}
           for r in log if r["event"] == "val"}
-  assert sorted(vals) == [1, 2]
+  assert sorted(vals) == [0, 1, 2]  # step 0: the initial params (validate_at_start)
   info = json.loads((tmp_path / "global" / "model" / "info.json").read_text())
   step = int(info["source"].rsplit(" ", 1)[1])
   assert info["source"].startswith("best step") and info["val"] == vals[step] == summary["model_val"]
+  assert info["selected_step"] == step and info["selected_by"] == "ndcg@10"
+  assert info["validations"] == {str(s): v["ndcg@10"] for s, v in vals.items()}
   assert info["last_val"] == vals[2] == summary["val"]
   assert vals[step]["ndcg@10"] == max(v["ndcg@10"] for v in vals.values())
   # Its validation features came from the local stage's run (the next test: they are equal).

@@ -22,6 +22,8 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   # --- Optimisation (paper: 5 epochs, lr 3e-5, micro-batch 1 query graph, 8-step accumulation).
   config.learning_rate = 3e-5
   config.micro_batch_size = 1
+  config.head_learning_rate = 0.0        # only the GAT trains: one learning rate
+  config.anchor_weight = 0.0
   # --- Cache the frozen local outputs once (h, role probs, local score per sentence).
   config.use_feature_cache = True
   if variant == "tiny":
@@ -43,5 +45,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     config.num_epochs = 8                # validation peaks in the first epochs and falls after
                                          # (probes G3: 20 epochs, G4: 8; docs/DEMO.md)
     config.freeze_encoder_layers = 0     # the local model is frozen whole anyway
+    config.validate_at_start = True      # step 0 (the GAT's correction at 0 = local-only) is a
+                                         # candidate: selection keeps it when the GAT hurts
     config.log_every_steps = 10
   return config

@@ -58,7 +58,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
                                          # training; -1 = its own config's (HF: attention_probs_
                                          # dropout_prob, ModernBERT attention_dropout). At 0 the
                                          # fast attention paths train too (with dropout the
-                                         # reference path runs: modernbert.dispatch_attention)
+                                         # reference path runs: models/encoders/layers.py)
   config.dense_prior = 0.0               # NOT in the paper: > 0 adds w * cos(q, s) to the
                                          # local logit, w learned from this value (local_scorer.py)
   config.dense_prior_encoding = "split"  # the cosine's states: "split" = a bi-encoder pass of the
@@ -87,6 +87,11 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   # --- Optimisation.
   config.num_epochs = 5
   config.learning_rate = 2e-5
+  config.head_learning_rate = 0.0        # NOT in the paper when > 0: peak lr of everything outside
+                                         # the pretrained encoder (intent/role/local heads, the
+                                         # prior's scale, the GAT); 0 = learning_rate for all
+  config.anchor_weight = 0.0             # NOT in the paper when > 0: L2-SP, a pull of the encoder
+                                         # back to its starting weights (training/optim.py)
   config.micro_batch_size = 2            # global (query, passage) units per micro-step
   config.grad_accum_steps = 8
   config.weight_decay = 0.01
@@ -98,7 +103,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   config.local_passage_weight = 0.0      # NOT in the paper: weight of a cross-passage listwise
                                          # term (softmax over a query's passages of their best
                                          # local sentence logit vs the gold passage); > 0 packs
-                                         # whole queries per micro-batch (training/stages.py)
+                                         # whole queries per micro-batch (training/stages/local.py)
   config.pairwise_max_better_rank = 0   # global stage, eq 23: 0 = every pair (the paper); K = only
                                          # pairs whose better passage ranks <= K (NOT in the paper;
                                          # for weak labels that order only the top, README)
@@ -124,6 +129,8 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   config.max_to_keep = 2
   config.best_metric = "ndcg@10"         # validation metric that ranks best checkpoints
   config.eval_every_steps = 0            # 0 = at the end of every epoch
+  config.validate_at_start = False       # also validate the initial params (step 0), so model
+                                         # selection can keep them (NOT in the paper)
   config.log_every_steps = 10
   config.progress_bar = True
 
@@ -151,8 +158,14 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     # other questions (ScholarQA-CS nDCG@10 41.6, below BM25; docs/DEMO.md).
     config.train_file = os.path.join(_DEMO, "distill", "train_mix.jsonl")
     config.teacher_file = os.path.join(_DEMO, "distill", "teacher.jsonl")
-    config.distill_weight = 1.0
+    # Distillation at half weight, so the gold labels can move the model (at 1.0 with the prior
+    # equal to the teacher at step 0, fine-tuning gained nothing on its own task; docs/DEMO.md).
+    config.distill_weight = 0.5
     config.distill_temperature = 0.05      # teacher scores are cosines in [-1, 1]
+    # The heads (intent, role, MLP_local, the prior's scale) start from scratch: at the encoder's
+    # 2e-5 the role loss stayed at ln 3 and every sentence got one role; at 1e-3 they learn
+    # (docs/DEMO.md, probe H1).
+    config.head_learning_rate = 1e-3
     # Validation (model selection) on 20 SciFact claim pools of 50 snippets: a task none of the
     # training data is, so a score that can fall (demo_data/scifact_val/).
     config.val_file = ""

@@ -10,7 +10,8 @@ The first present of `input`, `question`, `query` is the query, and `ctxs` wins 
 `passages`. A passage is an object with a `text` (extra fields pass through untouched) or a
 plain string (its text). Each passage's `text` is split into sentences with
 `logrerank_jax.data.sentences.split_sentences` (exact character offsets into `text`; the
-title is not scored).
+title is not scored), and pieces of under three words (") (", "Fig. 2", a bare citation: PDF
+text split at every period) join a neighbouring sentence (`sentences.merge_fragments`).
 
 Nothing about a query is lost to one bad passage: a passage whose text is unusable (NaN, null,
 a number, an object, empty or whitespace only, or no `text` at all) is kept with zero
@@ -26,7 +27,7 @@ import json
 import math
 from typing import Any, Optional, Union
 
-from logrerank_jax.data.sentences import Sentence, split_sentences
+from logrerank_jax.data.sentences import Sentence, merge_fragments, split_sentences
 from logrerank_jax.errors import DataError
 
 QUERY_KEYS = ("input", "question", "query")
@@ -150,7 +151,9 @@ def _passage(ctx: Any) -> InferencePassage:
     return InferencePassage(title, "", (), pid, skipped=f"text is {_type_name(text)}")
   if not text.strip():
     return InferencePassage(title, text, (), pid, skipped="text is empty")
-  return InferencePassage(title=title, text=text, sentences=tuple(split_sentences(text)),
+  # Fragments of under three words (") (", "Fig. 2", a bare citation) join a neighbour.
+  sentences = tuple(merge_fragments(text, split_sentences(text)))
+  return InferencePassage(title=title, text=text, sentences=sentences,
                           passage_id=pid)
 
 

@@ -224,6 +224,10 @@ def train_steps(loop: LoopContext, dstate, start: int, data_state, last_loss, va
   # An older checkpoint has no iterator state; its step is the data position all the same.
   data = data_iterator(loop.batches, loop.num_mb, loop.total_micro, config.seed,
                        data_state if data_state is not None else {"next_index": start})
+  if start == 0 and loop.has_val and config.get("validate_at_start", False):
+    # Step 0 is a candidate too: the model as initialised (for LoG's global stage with a
+    # residual score, exactly the local stage), so selection can keep it when training hurts.
+    val = _evaluate_and_save(loop, dstate, data, 0, 0, True, False, val, val_by_step)
   for s in range(start, loop.total_micro):
     item = next(data)
     if item["step"] != s:  # the iterator and the step counter move together, or nothing runs

@@ -66,10 +66,39 @@ def frozen_mask(params, num_layers: int):
   return jax.tree_util.tree_map_with_path(frozen, params)
 
 
+def encoder_mask(params):
+  """Return a bool tree, True for the params of a pretrained encoder (`encoder/...` in LoG,
+  `bert/...` in the passage cross-encoder); False for the heads, the pooler, the GAT and the
+  dense prior's scale, which start from scratch (or from one number) and get `head_lr`."""
+  def inside(path, _):
+    names = [getattr(k, "key", getattr(k, "name", str(k))) for k in path]
+    return any(n in ("encoder", "bert") for n in names[:-1])
+  return jax.tree_util.tree_map_with_path(inside, params)
+
+
+def anchor_to_start(weight: float) -> optax.GradientTransformation:
+  """L2-SP (Li et al. 2018): add `weight * (theta - theta_0)` to the gradient, theta_0 the
+  params at `init`: a pull back to the pretrained weights that grows with the distance moved,
+  where weight decay pulls to zero. The start is part of the optimizer state (one more copy of
+  the params it sees; wrap it in `optax.masked` for the encoder only), so a resumed run anchors to
+  the same point."""
+  def init_fn(params):
+    return {"start": jax.tree_util.tree_map(lambda p: p, params)}
+
+  def update_fn(updates, state, params=None):
+    if params is None:
+      raise ValueError("anchor_to_start needs the params")
+    new = jax.tree_util.tree_map(lambda g, p, p0: g + weight * (p - p0), updates, params,
+                                 state["start"])
+    return new, state
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
 def make_optimizer(peak_lr: float, total_steps: int, warmup_fraction: float = 0.06,
                    weight_decay: float = 0.01, accumulation: int = 1,
                    max_grad_norm: float = 1.0, b1: float = 0.9, b2: float = 0.999,
-                   eps: float = 1e-8, frozen=None) -> optax.GradientTransformation:
+                   eps: float = 1e-8, frozen=None, head_lr: float = 0.0,
+                   anchor_weight: float = 0.0) -> optax.GradientTransformation:
   """Build the training optimizer: clipped AdamW on a warm-up/decay schedule, accumulated.
 
   Args:
@@ -85,16 +114,33 @@ def make_optimizer(peak_lr: float, total_steps: int, warmup_fraction: float = 0.
     frozen: optional bool tree (`frozen_mask`) of params that never change: their gradients
       are zeroed before anything else (so XLA drops their backward pass, and clipping,
       accumulation and Adam see zeros) and they get no update and no weight decay.
+    head_lr: peak learning rate of the params outside `encoder` (heads, GAT), on the same
+      schedule; 0 = `peak_lr` for all. A head that starts from random init needs far more than
+      the pretrained encoder's 2e-5 to learn in a short run (NOT in the paper, which gives one).
+    anchor_weight: > 0 adds the L2-SP pull `anchor_weight * (theta - theta_0)` to the encoder's
+      gradients (`anchor_to_start`, `encoder_mask`), after clipping, before Adam.
 
   Returns:
     An `optax.GradientTransformation` (a `MultiSteps` one when `accumulation > 1`).
   """
-  schedule = warmup_linear_decay(peak_lr, total_steps, warmup_fraction)
+  def adamw(lr):
+    return optax.adamw(warmup_linear_decay(lr, total_steps, warmup_fraction), b1=b1, b2=b2,
+                       eps=eps, weight_decay=weight_decay, mask=_decay_mask)
   chain = []
   if max_grad_norm and max_grad_norm > 0:
     chain.append(optax.clip_by_global_norm(max_grad_norm))
-  chain.append(optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
-                           mask=_decay_mask))
+  if anchor_weight:
+    chain.append(optax.masked(anchor_to_start(anchor_weight), encoder_mask))
+  if head_lr:
+    # One Adam per group: the encoder at peak_lr, the rest at head_lr (same schedule shape).
+    # Labels as a function of the tree it is given: inside the frozen mask's multi_transform
+    # the frozen leaves are already masked out of it.
+    chain.append(optax.multi_transform(
+        {"encoder": adamw(peak_lr), "head": adamw(head_lr)},
+        lambda tree: jax.tree_util.tree_map(lambda e: "encoder" if e else "head",
+                                            encoder_mask(tree))))
+  else:
+    chain.append(adamw(peak_lr))
   tx = optax.chain(*chain)
   if frozen is not None:
     # No update (and so no weight decay) for frozen leaves.

@@ -79,7 +79,8 @@ _RESUME_KEYS = ("stage", "seed", "train_file", "model", "ablation", "dtype", "mi
                 "warmup_fraction", "lambda_role", "listwise_tau", "dropout", "use_feature_cache",
                 "adam_eps")
 # Keys added later: part of the signature only when set, so older checkpoints still resume.
-_OPTIONAL_RESUME_KEYS = ("teacher_file", "distill_weight", "distill_temperature")
+_OPTIONAL_RESUME_KEYS = ("teacher_file", "distill_weight", "distill_temperature",
+                         "head_learning_rate", "anchor_weight")
 
 
 def _resume_signature(config) -> Dict[str, Any]:
@@ -207,7 +208,9 @@ def _optimization(config, prep: _Prepared) -> _Optimization:
             if config.get("freeze_encoder_layers", 0) else None)
   tx = optim.make_optimizer(config.learning_rate, total_updates, config.warmup_fraction,
                             config.weight_decay, config.grad_accum_steps, config.max_grad_norm,
-                            eps=config.adam_eps, frozen=frozen)
+                            eps=config.adam_eps, frozen=frozen,
+                            head_lr=config.get("head_learning_rate", 0.0),
+                            anchor_weight=config.get("anchor_weight", 0.0))
   state = step_lib.create_train_state(params, tx, config.seed)
   return _Optimization(loss_fn, coefs, tx, state, num_mb, total_micro, total_updates)
 
@@ -237,19 +240,28 @@ def _export(loop: LoopContext, stage, dstate, val, val_by_step):
   config, ckpt = loop.config, loop.ckpt
   final_state = jax.device_get(loop.take_state(dstate))
   export_params = final_state.params
-  source = f"step {int(final_state.step)}"
+  selected_step = int(final_state.step)
+  source = f"step {selected_step}"
   model_val = val
   if ckpt.best is not None and ckpt.best.best_step() is not None:
     best_state, best_meta = ckpt.restore(final_state, best=True)
-    export_params, source = best_state.params, f"best step {best_meta['step']}"
+    selected_step = int(best_meta["step"])
+    export_params, source = best_state.params, f"best step {selected_step}"
     # The exported model's own validation, not the last one's (they differ when the last
     # validation is not the best).
-    model_val = val_by_step.get(best_meta["step"], val)
+    model_val = val_by_step.get(selected_step, val)
   export_params = stage.export_params(export_params)
   model_dir = os.path.join(loop.workdir, "model")
   if loop.proc == 0:
     # The packer settings travel with the model so inference packs exactly as training did.
-    info = {"stage": config.stage, "source": source, "val": model_val, "last_val": val,
+    # `selected_step`/`selected_by`: what model selection chose and on which metric;
+    # `validations`: every validation's figure of that metric, by step, so the choice can be
+    # checked against the curve.
+    metric = config.best_metric
+    info = {"stage": config.stage, "source": source, "selected_step": selected_step,
+            "selected_by": metric if loop.has_val else None, "val": model_val, "last_val": val,
+            "validations": {str(k): v.get(metric) for k, v in sorted(val_by_step.items())
+                            if isinstance(k, int)},
             "packing": {"row_len": config.max_seq_len,
                         "max_query_tokens": config.max_query_tokens}}
     stage.save(model_dir, export_params, info)  # a LoG model folder, or the stage's own format
