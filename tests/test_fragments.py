@@ -7,7 +7,7 @@ import os
 import pytest
 
 from logrerank_jax.data.inference_input import parse_inference_record
-from logrerank_jax.data.sentences import Sentence, merge_fragments, split_sentences
+from logrerank_jax.data.sentences import Sentence, is_fragment, merge_fragments, split_sentences
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                     "logrerank_jax", "demo_data")
@@ -35,8 +35,9 @@ def _merge(text):
     # Only fragments: one sentence. One short sentence: kept.
     ("Fig. 2. Table 3.", ["Fig. 2. Table 3."]),
     ("Yes.", ["Yes."]),
-    # Nothing to merge: unchanged.
+    # Nothing to merge: unchanged; a two-word sentence of its own stays one.
     ("Cats sleep a lot. Dogs bark at night.", ["Cats sleep a lot.", "Dogs bark at night."]),
+    ("Cells grew. Results held.", ["Cells grew.", "Results held."]),
 ])
 def test_known_merges(text, expected):
   got = _merge(text)
@@ -46,9 +47,10 @@ def test_known_merges(text, expected):
 
 def test_offsets_and_characters_kept_on_real_pdf_text():
   """The shipped ScholarQA-CS snippets (PDF-extracted): 194 of 5,082 split sentences (3.8 %)
-  have fewer than three words; after merging none does, every offset slices its text, and
-  every non-space character is in exactly one sentence, in order."""
-  before = after = short_before = short_after = 0
+  have fewer than three words, 174 of them fragments (the rest two-word sentences of their own:
+  a capital, two words, a stop). After merging no fragment is left, 15 two-word sentences are,
+  every offset slices its text, and every non-space character is in exactly one sentence."""
+  before = after = short_before = short_after = frag_before = frag_after = 0
   with open(os.path.join(DATA, "scholarqa_cs", "corpus.jsonl"), encoding="utf-8") as f:
     for line in f:
       text = json.loads(line)["text"]
@@ -57,11 +59,13 @@ def test_offsets_and_characters_kept_on_real_pdf_text():
       before, after = before + len(split), after + len(merged)
       short_before += sum(_words(s.text) < 3 for s in split)
       short_after += sum(_words(s.text) < 3 for s in merged)
+      frag_before += sum(is_fragment(s.text) for s in split)
+      frag_after += sum(is_fragment(s.text) for s in merged)
       assert all(text[s.start:s.end] == s.text for s in merged)
       assert all(a.end <= b.start for a, b in zip(merged, merged[1:]))
       assert "".join(text.split()) == "".join("".join(s.text.split()) for s in merged)
-  assert (before, short_before) == (5082, 194)
-  assert short_after == 0 and after == before - short_before
+  assert (before, short_before, frag_before) == (5082, 194, 174)
+  assert (frag_after, short_after) == (0, 15) and after == before - frag_before
 
 
 def test_input_path_merges():

@@ -363,6 +363,17 @@ MIN_SENTENCE_WORDS = 3
 _TRAILS = re.compile(r"^(?:[^A-Za-z0-9#*]|[a-z]|(?:Figs?|Fig|Tables?|Tab|Eqs?|Refs?|Sec)\b)")
 
 
+# A short sentence that is still one: a capital, two words of letters, a final stop
+# ("Growth doubled.", "Results held.").
+_SHORT_SENTENCE = re.compile(r"^[A-Z][A-Za-z'-]*\s+[A-Za-z][A-Za-z'-]+[.!?]$")
+
+
+def is_fragment(sentence: str, min_words: int = MIN_SENTENCE_WORDS) -> bool:
+  """Whether `sentence` is a fragment for `merge_fragments`: fewer than `min_words` words
+  (tokens holding a letter or digit) and not a short sentence of its own (`_SHORT_SENTENCE`)."""
+  return len(_WORD.findall(sentence)) < min_words and not _SHORT_SENTENCE.match(sentence)
+
+
 def merge_fragments(text: str, sentences: Sequence[Sentence],
                     min_words: int = MIN_SENTENCE_WORDS) -> list[Sentence]:
   """Merge each sentence of fewer than `min_words` words into a neighbour, offsets exact.
@@ -390,7 +401,7 @@ def merge_fragments(text: str, sentences: Sequence[Sentence],
   lead_start = None  # start of fragments waiting to join the next full sentence
   for sent in sentences:
     span = (sent.start, sent.end)
-    if len(_WORD.findall(sent.text)) >= min_words:
+    if not is_fragment(sent.text, min_words):
       if lead_start is not None:
         span, lead_start = (lead_start, span[1]), None
       merged.append(span)
