@@ -21,10 +21,8 @@ import importlib
 import json
 import os
 import pathlib
-import socket
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
@@ -34,6 +32,7 @@ from logrerank_jax.data.inference_input import parse_inference_record
 from logrerank_jax.data.sentences import split_sentences
 from logrerank_jax.integrations import evidence as ev
 from test_inference import make_pools, make_tiny_model
+from test_serving import ServerProcess
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 LANGCHAIN_ENV = ROOT / ".ci" / "langchain_env"
@@ -51,44 +50,11 @@ FRAMEWORKS = ("langchain", "langchain_core", "langchain_classic", "langchain_coh
               "llama_index")
 
 
-def _free_port():
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
-class Server:
-  """`logrerank serve --api-key KEY` on a free loopback port, killed when the module ends."""
-
-  def __init__(self, model, tmp):
-    self.url = f"http://127.0.0.1:{_free_port()}"
-    exe = pathlib.Path(sys.executable).parent / "logrerank"  # the console script of this env
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "logrerank_jax.cli.main"]
-    self.log_path = tmp / "server.log"
-    with open(self.log_path, "w") as log:
-      self.proc = subprocess.Popen(
-          [*cmd, "serve", "--checkpoint", model, "--port", self.url.rsplit(":", 1)[1],
-           "--api-key", KEY, *FLAGS], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-
-  def wait_ready(self, timeout=300):
-    deadline = time.monotonic() + timeout
-    with httpx.Client(timeout=5) as client:
-      while time.monotonic() < deadline:
-        if self.proc.poll() is not None:
-          raise AssertionError(f"server exited {self.proc.returncode}:\n"
-                               f"{self.log_path.read_text()[-3000:]}")
-        try:
-          if client.get(self.url + "/health").status_code == 200:
-            return
-        except httpx.TransportError:
-          pass
-        time.sleep(0.05)
-    raise AssertionError(f"server not ready in {timeout} s:\n{self.log_path.read_text()[-3000:]}")
-
-  def stop(self):
-    if self.proc.poll() is None:
-      self.proc.kill()
-    self.proc.wait(30)
+def _serve_command():
+  """`logrerank serve` through this environment's console script (else its module)."""
+  exe = pathlib.Path(sys.executable).parent / "logrerank"
+  return (str(exe), "serve") if exe.exists() else (sys.executable, "-m",
+                                                    "logrerank_jax.cli.main", "serve")
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +62,7 @@ def setup(tmp_path_factory):
   tmp = tmp_path_factory.mktemp("frameworks")
   pools = make_pools()[0]
   model = make_tiny_model(tmp / "model", pools)
-  server = Server(model, tmp)
+  server = ServerProcess(model, tmp, "--api-key", KEY, flags=FLAGS, command=_serve_command())
   try:
     yield model, server, pools
   finally:

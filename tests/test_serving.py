@@ -61,15 +61,17 @@ class ServerProcess:
   """`tools/serve.py` in a subprocess on a free loopback port; `health_seen` records every
   /health status polled until it turned 200."""
 
-  def __init__(self, model, tmp, *extra):
+  def __init__(self, model, tmp, *extra, flags=FLAGS, command=(sys.executable, str(SERVE))):
+    """`command` starts the server (default `tools/serve.py`; the `logrerank serve` console
+    script is `(path, "serve")`); `flags` are this module's engine settings unless given."""
     self.port = _free_port()
     self.url = f"http://127.0.0.1:{self.port}"
     self.log_path = tmp / "server.log"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     with open(self.log_path, "w") as log:
       self.proc = subprocess.Popen(
-          [sys.executable, str(SERVE), "--checkpoint", model, "--port", str(self.port),
-           *FLAGS, *extra], env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+          [*command, "--checkpoint", model, "--port", str(self.port), *flags, *extra],
+          env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     self.health_seen = []
 
   def wait_ready(self, timeout=300):

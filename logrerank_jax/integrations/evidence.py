@@ -119,3 +119,14 @@ def evidence(query: str, texts: Sequence[str], *, base_url: Optional[str] = None
   record = (server_record(base_url, api_key, query, texts, timeout) if base_url is not None
             else reranker_record(reranker, query, texts))
   return rerank(record, len(texts), top_n, min_sentence_score, max_sentences)
+
+
+def evidence_with(options: Any, query: str, texts: Sequence[str]) -> List[Kept]:
+  """`evidence` with the settings of a framework class's fields (`base_url`, `api_key` as a
+  pydantic `SecretStr` or None, `reranker`, `top_n`, `min_sentence_score`, `max_sentences`,
+  `timeout`): the LangChain compressor and the LlamaIndex postprocessor share them."""
+  api_key = options.api_key.get_secret_value() if options.api_key else None
+  return evidence(query, texts, base_url=options.base_url, api_key=api_key,
+                  reranker=options.reranker, top_n=options.top_n,
+                  min_sentence_score=options.min_sentence_score,
+                  max_sentences=options.max_sentences, timeout=options.timeout)

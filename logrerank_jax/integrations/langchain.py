@@ -50,11 +50,7 @@ class LogEvidenceCompressor(BaseDocumentCompressor):
                          callbacks: Optional[Callbacks] = None) -> Sequence[Document]:
     """The kept documents, best first: copies with LoG's metadata added."""
     del callbacks  # a reranker reports nothing to LangChain's callbacks
-    kept = ev.evidence(query, [d.page_content for d in documents], base_url=self.base_url,
-                       api_key=self.api_key.get_secret_value() if self.api_key else None,
-                       reranker=self.reranker, top_n=self.top_n,
-                       min_sentence_score=self.min_sentence_score,
-                       max_sentences=self.max_sentences, timeout=self.timeout)
+    kept = ev.evidence_with(self, query, [d.page_content for d in documents])
     out = []
     for k in kept:
       doc = documents[k.index]

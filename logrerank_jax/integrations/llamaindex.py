@@ -54,11 +54,7 @@ class LogEvidencePostprocessor(BaseNodePostprocessor):
     if query_bundle is None:
       raise ValueError("query_bundle: LoG reranks for a query; pass query_str= or query_bundle=")
     texts = [n.node.get_content(metadata_mode=MetadataMode.NONE) for n in nodes]
-    kept = ev.evidence(query_bundle.query_str, texts, base_url=self.base_url,
-                       api_key=self.api_key.get_secret_value() if self.api_key else None,
-                       reranker=self.reranker, top_n=self.top_n,
-                       min_sentence_score=self.min_sentence_score,
-                       max_sentences=self.max_sentences, timeout=self.timeout)
+    kept = ev.evidence_with(self, query_bundle.query_str, texts)
     out = []
     for k in kept:
       node = nodes[k.index].node.model_copy(deep=True)
