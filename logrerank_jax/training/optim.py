@@ -48,6 +48,11 @@ def _decay_mask(params):
 _LAYER = re.compile(r"^layers_(\d+)$")
 
 
+def _path_names(path):
+  """The key names along a params tree path (dict keys and attribute names alike)."""
+  return [getattr(k, "key", getattr(k, "name", str(k))) for k in path]
+
+
 def frozen_mask(params, num_layers: int):
   """Return a bool tree, True for the params that `freeze_encoder_layers=num_layers` freezes.
 
@@ -56,7 +61,7 @@ def frozen_mask(params, num_layers: int):
   the GAT and the upper layers train. 0 freezes nothing.
   """
   def frozen(path, _):
-    names = [getattr(k, "key", getattr(k, "name", str(k))) for k in path]
+    names = _path_names(path)
     for i, n in enumerate(names):
       if n in ("encoder", "bert") and i + 1 < len(names):
         child = names[i + 1]
@@ -71,7 +76,7 @@ def encoder_mask(params):
   `bert/...` in the passage cross-encoder); False for the heads, the pooler, the GAT and the
   dense prior's scale, which start from scratch (or from one number) and get `head_lr`."""
   def inside(path, _):
-    names = [getattr(k, "key", getattr(k, "name", str(k))) for k in path]
+    names = _path_names(path)
     return any(n in ("encoder", "bert") for n in names[:-1])
   return jax.tree_util.tree_map_with_path(inside, params)
 
