@@ -25,15 +25,23 @@ def test_encoder_mask_marks_only_the_encoder():
   assert mask["local"]["dense_prior_scale"] is False
 
 
-@pytest.mark.parametrize("frozen_layers", [0, 1])
-def test_head_learning_rate_known_answer(frozen_layers):
+def test_role_head_mask_marks_only_the_role_head():
+  mask = optim.role_head_mask(_params())
+  assert jax.tree_util.tree_leaves(mask["local"]["role_mlp"]) == [True, True]
+  assert not any(jax.tree_util.tree_leaves(mask["local"]["encoder"]))
+  assert mask["local"]["dense_prior_scale"] is False
+
+
+@pytest.mark.parametrize("frozen_layers,role_lr", [(0, 0.0), (1, 0.0), (1, 1e-2)])
+def test_head_learning_rate_known_answer(frozen_layers, role_lr):
   """A constant gradient makes Adam's bias-corrected step exactly lr_t * g / (|g| + eps) per leaf,
   so after n updates a leaf has moved by the schedule's sum, at its own group's peak rate."""
   params = _params()
   frozen = optim.frozen_mask(params, frozen_layers) if frozen_layers else None
   total, n, enc_lr, head_lr = 10, 6, 2e-5, 1e-3
   tx = optim.make_optimizer(enc_lr, total, warmup_fraction=0.2, weight_decay=0.0,
-                            max_grad_norm=0.0, eps=1e-12, frozen=frozen, head_lr=head_lr)
+                            max_grad_norm=0.0, eps=1e-12, frozen=frozen, head_lr=head_lr,
+                            role_lr=role_lr)
   state = tx.init(params)
   grads = jax.tree_util.tree_map(lambda p: jnp.full_like(p, 0.25), params)
   p = params
@@ -48,8 +56,11 @@ def test_head_learning_rate_known_answer(frozen_layers):
   want0 = 1.0 if frozen_layers else 1.0 - moved(enc_lr)
   np.testing.assert_allclose(enc["layers_0"]["w"], want0, atol=1e-6)
   np.testing.assert_allclose(enc["embeddings"]["w"], want0, atol=1e-6)
-  for leaf in jax.tree_util.tree_leaves(p["local"]["role_mlp"]) + [p["local"]["dense_prior_scale"]]:
-    np.testing.assert_allclose(leaf, 1.0 - moved(head_lr), atol=1e-5)
+  np.testing.assert_allclose(p["local"]["dense_prior_scale"], 1.0 - moved(head_lr), atol=1e-5)
+  # The role head at its own rate when one is given (1e-2: 10x the head's, so a wrong group
+  # is off by far more than 1e-4, float32's resolution of moves near 1 of this size).
+  for leaf in jax.tree_util.tree_leaves(p["local"]["role_mlp"]):
+    np.testing.assert_allclose(leaf, 1.0 - moved(role_lr or head_lr), atol=1e-4 if role_lr else 1e-5)
 
 
 def test_anchor_adds_the_pull_to_the_start():

@@ -81,6 +81,20 @@ def encoder_mask(params):
   return jax.tree_util.tree_map_with_path(inside, params)
 
 
+def role_head_mask(params):
+  """Return a bool tree, True for the role head's params (`role_mlp/...`, eq 3)."""
+  return jax.tree_util.tree_map_with_path(lambda path, _: "role_mlp" in _path_names(path)[:-1],
+                                          params)
+
+
+def _group_labels(tree, role_lr: float):
+  """'encoder', 'role' (only when `role_lr`) or 'head' per leaf of `tree`."""
+  enc = encoder_mask(tree)
+  role = role_head_mask(tree) if role_lr else jax.tree_util.tree_map(lambda _: False, tree)
+  return jax.tree_util.tree_map(lambda e, r: "encoder" if e else ("role" if r else "head"),
+                                enc, role)
+
+
 def anchor_to_start(weight: float) -> optax.GradientTransformation:
   """L2-SP (Li et al. 2018): add `weight * (theta - theta_0)` to the gradient, theta_0 the
   params at `init`: a pull back to the pretrained weights that grows with the distance moved,
@@ -103,7 +117,8 @@ def make_optimizer(peak_lr: float, total_steps: int, warmup_fraction: float = 0.
                    weight_decay: float = 0.01, accumulation: int = 1,
                    max_grad_norm: float = 1.0, b1: float = 0.9, b2: float = 0.999,
                    eps: float = 1e-8, frozen=None, head_lr: float = 0.0,
-                   anchor_weight: float = 0.0) -> optax.GradientTransformation:
+                   anchor_weight: float = 0.0,
+                   role_lr: float = 0.0) -> optax.GradientTransformation:
   """Build the training optimizer: clipped AdamW on a warm-up/decay schedule, accumulated.
 
   Args:
@@ -124,6 +139,10 @@ def make_optimizer(peak_lr: float, total_steps: int, warmup_fraction: float = 0.
       the pretrained encoder's 2e-5 to learn in a short run (NOT in the paper, which gives one).
     anchor_weight: > 0 adds the L2-SP pull `anchor_weight * (theta - theta_0)` to the encoder's
       gradients (`anchor_to_start`, `encoder_mask`), after clipping, before Adam.
+    role_lr: peak learning rate of the role head alone (`role_head_mask`); 0 = `head_lr`. The
+      role head only feeds the ranking through the roles it predicts, and on a short run it
+      needs more steps' worth of movement than the local head, whose output starts at zero
+      on the prior (NOT in the paper).
 
   Returns:
     An `optax.GradientTransformation` (a `MultiSteps` one when `accumulation > 1`).
@@ -136,14 +155,14 @@ def make_optimizer(peak_lr: float, total_steps: int, warmup_fraction: float = 0.
     chain.append(optax.clip_by_global_norm(max_grad_norm))
   if anchor_weight:
     chain.append(optax.masked(anchor_to_start(anchor_weight), encoder_mask))
-  if head_lr:
-    # One Adam per group: the encoder at peak_lr, the rest at head_lr (same schedule shape).
-    # Labels as a function of the tree it is given: inside the frozen mask's multi_transform
-    # the frozen leaves are already masked out of it.
-    chain.append(optax.multi_transform(
-        {"encoder": adamw(peak_lr), "head": adamw(head_lr)},
-        lambda tree: jax.tree_util.tree_map(lambda e: "encoder" if e else "head",
-                                            encoder_mask(tree))))
+  if head_lr or role_lr:
+    # One Adam per group: the encoder at peak_lr, the heads at head_lr, the role head at role_lr
+    # (same schedule shape). Labels as a function of the tree it is given: inside the frozen
+    # mask's multi_transform the frozen leaves are already masked out of it.
+    groups = {"encoder": adamw(peak_lr), "head": adamw(head_lr or peak_lr)}
+    if role_lr:
+      groups["role"] = adamw(role_lr)
+    chain.append(optax.multi_transform(groups, lambda tree: _group_labels(tree, role_lr)))
   else:
     chain.append(adamw(peak_lr))
   tx = optax.chain(*chain)

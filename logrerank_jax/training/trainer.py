@@ -80,7 +80,7 @@ _RESUME_KEYS = ("stage", "seed", "train_file", "model", "ablation", "dtype", "mi
                 "adam_eps")
 # Keys added later: part of the signature only when set, so older checkpoints still resume.
 _OPTIONAL_RESUME_KEYS = ("teacher_file", "distill_weight", "distill_temperature",
-                         "head_learning_rate", "anchor_weight")
+                         "head_learning_rate", "anchor_weight", "role_learning_rate")
 
 
 def _resume_signature(config) -> Dict[str, Any]:
@@ -210,7 +210,8 @@ def _optimization(config, prep: _Prepared) -> _Optimization:
                             config.weight_decay, config.grad_accum_steps, config.max_grad_norm,
                             eps=config.adam_eps, frozen=frozen,
                             head_lr=config.get("head_learning_rate", 0.0),
-                            anchor_weight=config.get("anchor_weight", 0.0))
+                            anchor_weight=config.get("anchor_weight", 0.0),
+                            role_lr=config.get("role_learning_rate", 0.0))
   state = step_lib.create_train_state(params, tx, config.seed)
   return _Optimization(loss_fn, coefs, tx, state, num_mb, total_micro, total_updates)
 
