@@ -177,6 +177,50 @@ def test_global_stage_with_teacher_and_pool_validation(data, local_run, tmp_path
   assert log[0]["event"] == "start" and log[0]["val_features_from_local_stage"] is True
 
 
+def test_global_stage_calibrates_from_its_validation_logits(data, local_run, tmp_path):
+  """The global stage fits calibration.json on the validation pools from the logits its own
+  validation computes (cached frozen-local features + the GAT), not from a second pass of the
+  exported model. With no validation query over the query cut (64 tokens here, the engine's
+  default for 128-token rows too) those logits and labels are the engine's on the exported
+  folder, the ones `logrerank calibrate` fits on, and so is the fit."""
+  from logrerank_jax.data.encoding import encode_texts
+  from logrerank_jax.data.records import validate_training_file
+  from logrerank_jax.engine import Reranker
+  from logrerank_jax.engine import calibration as engine_cal
+  from logrerank_jax.models.model_folder import load_model
+  from logrerank_jax.results import calibration as cal_lib
+  from logrerank_jax.training.stages.validation import validation_passage_logits
+  config, _, work = local_run
+  g = _global_config(data, config, work, max_query_tokens=64)
+  trainer.train_and_evaluate(g, str(tmp_path / "global"))
+  model = tmp_path / "global" / "model"
+  records, _ = validate_training_file(config.train_file)
+  units, qrels = data_lib.pool_units(config.val_pools, config.val_qrels, config.val_corpus)
+  stage = stages.make_stage(g, str(tmp_path / "global"), records)
+  _, q_len = encode_texts(stage.tokenizer, [u.query.query for u in units])
+  assert max(q_len) <= 64  # the fast path's condition holds for these pools
+  stage.make_eval(units, qrels)
+  params, _, _ = load_model(str(model))
+  z, y = validation_passage_logits(units, stage._val_logits[2](params["global"]), qrels)
+  rr = Reranker.from_pretrained(str(model))
+  assert rr.packing.max_query_tokens == 64
+  z_engine, y_engine = engine_cal.passage_logits(
+      rr, *engine_cal.labelled_pools(config.val_pools, config.val_qrels, config.val_corpus))
+  assert z.size == z_engine.size == 48 and np.array_equal(y, y_engine) and y.sum() >= 2
+  # Same features, same GAT; the engine batches the queries otherwise. Measured difference
+  # 0.0 on the demo's model; 1e-4 absolute allows float32 reassociation of logits of size ~10.
+  np.testing.assert_allclose(z, z_engine, rtol=0, atol=1e-4)
+  path = model / "calibration.json"
+  try:
+    a, b = cal_lib.fit_platt(z_engine, y_engine)
+  except DataError:  # a tiny model can rank the gold last: then nothing is written
+    assert not path.exists()
+  else:
+    cal = json.loads(path.read_text())
+    assert cal["n"] == 48 and cal["positives"] == int(y.sum())
+    assert cal["a"] == pytest.approx(a, rel=1e-3) and cal["b"] == pytest.approx(b, rel=1e-3, abs=1e-3)
+
+
 def _global_config(data, config, work, **kw):
   return _config("global", **_overrides(data, max_steps=1, micro_batch_size=4,
                                         local_checkpoint=str(work), val_pools=config.val_pools,
@@ -274,3 +318,14 @@ def test_validation_pools_with_one_id_twice_are_refused(tmp_path):
                              for q in ("q1", "1")) + "\n")
   units, got = data_lib.pool_units(str(pools), str(qrels))
   assert [u.qid for u in units] == ["q1", "1"] and got == {"q1": {"a"}, "1": {"b"}}
+
+
+def test_cached_features_of_another_sentence_split_are_refused():
+  """Features cached before the input path split a query's passages otherwise (a splitter
+  change keeps the cache key) are refused by name, not left to fail as a shape error."""
+  import types
+  from logrerank_jax.training.stages import global_
+  unit = types.SimpleNamespace(qid="q7", query=types.SimpleNamespace(passages=[["a", "b"], ["c"]]))
+  global_._check_node_counts([{"local_score": np.zeros(3)}], [unit], "wd/feature_cache/val-p0.npz")
+  with pytest.raises(DataError, match=r"query 'q7' hold 4 sentence nodes.*splits into 3"):
+    global_._check_node_counts([{"local_score": np.zeros(4)}], [unit], "wd/feature_cache/val-p0.npz")

@@ -99,10 +99,4 @@ def fit_and_save_calibration(model_dir: str, pools: str, qrels: str, corpus: str
   and write `calibration.json` into `model_dir` (returned)."""
   rr = Reranker.from_pretrained(model_dir, **reranker_kwargs)
   z, y = passage_logits(rr, *labelled_pools(pools, qrels, corpus))
-  a, b = cal_lib.fit_platt(z, y)
-  cal = {"method": "platt", "a": a, "b": b, "fitted_on": pools, "n": int(z.size),
-         "positives": int(y.sum()), "bins": cal_lib.ECE_BINS,
-         "ece_before": cal_lib.expected_calibration_error(cal_lib.calibrated(z, 1.0, 0.0), y),
-         "ece_after": cal_lib.expected_calibration_error(cal_lib.calibrated(z, a, b), y)}
-  cal_lib.write_calibration(rr.model_dir, cal)
-  return cal
+  return cal_lib.fit_and_write(rr.model_dir, z, y, fitted_on=pools)

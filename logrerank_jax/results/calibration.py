@@ -140,3 +140,21 @@ def write_calibration(model_dir: str, cal: dict) -> str:
     f.write("\n")
   os.replace(tmp, path)
   return path
+
+
+def fit_and_write(model_dir: str, logits, labels, fitted_on: str) -> dict:
+  """Fit Platt scaling to (logits, labels), write the folder's calibration.json and return it
+  (with the ECE before, of the raw sigmoid(z), and after).
+
+  Raises:
+    DataError: `fit_platt`'s refusals.
+  """
+  z = np.asarray(logits, np.float64).ravel()
+  y = np.asarray(labels, bool).ravel()
+  a, b = fit_platt(z, y)
+  cal = {"method": "platt", "a": a, "b": b, "fitted_on": fitted_on, "n": int(z.size),
+         "positives": int(y.sum()), "bins": ECE_BINS,
+         "ece_before": expected_calibration_error(calibrated(z, 1.0, 0.0), y),
+         "ece_after": expected_calibration_error(calibrated(z, a, b), y)}
+  write_calibration(model_dir, cal)
+  return cal

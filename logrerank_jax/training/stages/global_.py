@@ -11,7 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from logrerank_jax import losses
-from logrerank_jax.errors import ConfigError
+from logrerank_jax.errors import ConfigError, DataError
+from logrerank_jax.data.encoding import encode_texts
 from logrerank_jax.models import log_reranker as lr
 from logrerank_jax.models.model_folder import load_model, save_model
 from logrerank_jax.training import data as data_lib
@@ -20,7 +21,8 @@ from logrerank_jax.training.stages.base import Stage
 from logrerank_jax.training.stages.batching import pack_token_batches
 from logrerank_jax.training.stages.distill import distill_term
 from logrerank_jax.training.stages.model_config import build_model_config, packing_config
-from logrerank_jax.training.stages.validation import passage_metrics
+from logrerank_jax.training.stages.validation import (passage_metrics,
+                                                       validation_passage_logits)
 
 
 class GlobalStage(Stage):
@@ -72,9 +74,10 @@ class GlobalStage(Stage):
         self.cache_info["val_features_from_local_stage"] = shared is not None
         return from_engine() if shared is None else shared
       compute = from_local_stage
-    return fc.load_or_compute_features(
-        os.path.join(self.workdir, "feature_cache", f"{split}-p{jax.process_index()}.npz"),
-        fingerprint, compute)
+    path = os.path.join(self.workdir, "feature_cache", f"{split}-p{jax.process_index()}.npz")
+    feats, hit = fc.load_or_compute_features(path, fingerprint, compute)
+    _check_node_counts(feats, units, path)
+    return feats, hit
 
   def micro_batches(self, groups, shares_of):
     """[micro-batch][device share]: cached node features, or token batches without the cache."""
@@ -152,14 +155,20 @@ class GlobalStage(Stage):
     group_size = self.config.cache_batch_queries
     run = jax.jit(lambda p, b: self._global_logits(p, b, True))
 
-    def evaluate(params):
+    def node_logits(params_global):
       scores = []
       for group in fc.query_groups(len(val_units), group_size):
         b = fc.feature_batch([feats[i] for i in group], group_size, n_max,
                              [val_units[i].qid for i in group])
-        out = np.asarray(run(params["global"], {k: jnp.asarray(v) for k, v in b.items()}))
+        out = np.asarray(run(params_global, {k: jnp.asarray(v) for k, v in b.items()}))
         scores += [out[qi][:len(feats[i]["local_score"])] for qi, i in enumerate(group)]
-      return passage_metrics(val_units, scores, qrels)
+      return scores
+    # `save` fits the calibration on the same features and jitted program: no second pass of
+    # the local model over the validation pools (that pass took 109 s of the demo's 20 min).
+    self._val_logits = (val_units, qrels, node_logits)
+
+    def evaluate(params):
+      return passage_metrics(val_units, node_logits(params["global"]), qrels)
     return evaluate
 
   def export_params(self, params):
@@ -167,16 +176,45 @@ class GlobalStage(Stage):
     return {"local": jax.device_get(self.frozen_local), "global": params["global"]}
 
   def save(self, model_dir: str, params, info) -> None:
-    """Write the LoG model folder (`models.model_folder.save_model`), and with validation
-    pools its calibration.json (`engine.calibration`: served scores become probabilities)."""
+    """Write the LoG model folder (`models.model_folder.save_model`), and with judged validation
+    pools its calibration.json (served scores become probabilities)."""
     save_model(model_dir, params, self.cfg, self.tokenizer, info=info)
-    if self.config.get("val_pools", "") and self.config.get("val_qrels", ""):
-      from logrerank_jax.engine.calibration import fit_and_save_calibration  # pylint: disable=g-import-not-at-top
-      from logrerank_jax.errors import LogRerankError  # pylint: disable=g-import-not-at-top
-      try:
+    val = getattr(self, "_val_logits", None)
+    if val is None or not val[1]:
+      return
+    from logrerank_jax.results import calibration as cal_lib  # pylint: disable=g-import-not-at-top
+    from logrerank_jax.errors import LogRerankError  # pylint: disable=g-import-not-at-top
+    units, qrels, node_logits = val
+    # Validation cuts queries at the training limit (max_query_tokens); the served model reads
+    # up to `engine.planner.DEFAULT_MAX_QUERY_TOKENS`. Only when no validation query was cut
+    # are the validation logits the served model's; otherwise the exported folder reranks the
+    # pools through the engine (`logrerank calibrate`'s path; ~100 s for the demo's 20 pools).
+    _, q_len = encode_texts(self.tokenizer, [u.query.query for u in units])
+    cut = int(np.sum(np.asarray(q_len) > self.config.max_query_tokens))
+    try:
+      if cut:
+        from logrerank_jax.engine.calibration import fit_and_save_calibration  # pylint: disable=g-import-not-at-top
         cal = fit_and_save_calibration(model_dir, self.config.val_pools, self.config.val_qrels,
                                        self.config.get("val_corpus", ""))
-        print(f"calibration: ECE {cal['ece_before']:.4f} -> {cal['ece_after']:.4f} "
-              f"(a={cal['a']:.4g}, b={cal['b']:.4g}, {cal['n']} passages)", flush=True)
-      except LogRerankError as e:  # e.g. a model that ranks nothing right yet: raw scores
-        print(f"calibration: not fitted ({e}); the model keeps its raw scores", flush=True)
+      else:
+        z, y = validation_passage_logits(units, node_logits(params["global"]), qrels)
+        cal = cal_lib.fit_and_write(model_dir, z, y, fitted_on=self.config.val_pools)
+      print(f"calibration: ECE {cal['ece_before']:.4f} -> {cal['ece_after']:.4f} "
+            f"(a={cal['a']:.4g}, b={cal['b']:.4g}, {cal['n']} passages)", flush=True)
+    except LogRerankError as e:  # e.g. a model that ranks nothing right yet: raw scores
+      print(f"calibration: not fitted ({e}); the model keeps its raw scores", flush=True)
+
+
+def _check_node_counts(feats, units, path: str) -> None:
+  """A cached query's features must hold one node per sentence the input path makes of it now.
+  The cache key covers the model, the packing and the data files, not the code that splits
+  sentences: features cached before a splitter change would otherwise fail later as a bare
+  shape error (or, for equal totals, score the wrong sentences)."""
+  for f, u in zip(feats, units):
+    want = sum(len(p) for p in u.query.passages)
+    got = len(f["local_score"])
+    if got != want:
+      raise DataError(f"{path}: cached features of query {u.qid!r} hold {got} sentence nodes, but "
+                      f"its input now splits into {want} sentences (cached by an older sentence "
+                      f"splitter?); delete {os.path.dirname(path)}/ and the local stage's "
+                      f"{fc.LOCAL_VAL_FEATURES} to recompute them")

@@ -15,6 +15,25 @@ def unit_qrels(units) -> Dict[str, set]:
           for u in units}
 
 
+def validation_passage_logits(units, node_scores: List[np.ndarray], qrels: Dict[str, set]):
+  """(logits, labels): every scored passage's best-sentence score and whether `qrels` lists it,
+  over the judged queries (passages without a scored sentence have no logit and are left out,
+  as `engine.calibration.passage_logits` leaves them)."""
+  zs, ys = [], []
+  for u, scores in zip(units, node_scores):
+    if u.qid not in qrels:
+      continue
+    node_passage = [p for p, sentences in enumerate(u.query.passages) for _ in sentences]
+    has = np.zeros(len(u.passage_ids), bool)
+    has[np.asarray(node_passage, np.int64)] = True
+    best = passage_scores(node_passage, scores, len(u.passage_ids))
+    zs.append(best[has])
+    ys.append(np.asarray([pid in qrels[u.qid] for pid in u.passage_ids], bool)[has])
+  if not zs:
+    return np.zeros(0), np.zeros(0, bool)
+  return np.concatenate(zs), np.concatenate(ys)
+
+
 def passage_metrics(units, node_scores: List[np.ndarray], qrels: Optional[Dict[str, set]] = None,
                     k: int = 10) -> Dict[str, float]:
   """Metrics of the passage ranking induced by sentence scores (`ranking.passage_scores`).
