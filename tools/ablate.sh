@@ -2,7 +2,8 @@
 # A small reproduction of the paper's ablations (Tables 3 and 12) with the demo's recipe: each
 # variant is trained by tools/demo.sh's commands with one `--config.ablation`, evaluated on both
 # of the demo's pool sets, and compared, paired per question, with the main job's full LoG.
-#   bash tools/ablate.sh [MAIN_RUN] [ABLATION_RUN]   (defaults: runs/demo, runs/ablate)
+#   bash tools/ablate.sh [MAIN_RUN] [ABLATION_RUN] [--global-only]   (defaults: runs/demo, runs/ablate)
+# --global-only: only the variants that retrain the global stage alone (w/o global and the edges).
 # MAIN_RUN is a finished `bash tools/demo.sh` run (its local/, global/, eval/, eval_cs/).
 # Variants (logrerank_jax/models/log_config.py ABLATIONS):
 #   w/o global                 the main job's own local stage (no training)
@@ -15,8 +16,17 @@
 # per two-stage variant (training, then both evaluations); the README states the measured total.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-MAIN=${1:-runs/demo}
-OUT=${2:-runs/ablate}
+GLOBAL_ONLY=0
+POS=()
+for arg in "$@"; do
+  case "$arg" in
+    --global-only) GLOBAL_ONLY=1 ;;
+    -*) echo "tools/ablate.sh: unknown option $arg (usage: bash tools/ablate.sh [MAIN_RUN] [ABLATION_RUN] [--global-only])" >&2; exit 2 ;;
+    *) POS+=("$arg") ;;
+  esac
+done
+MAIN=${POS[0]:-runs/demo}
+OUT=${POS[1]:-runs/ablate}
 DATA=logrerank_jax/demo_data
 for f in "$MAIN/local/model/info.json" "$MAIN/global/model/info.json" \
          "$MAIN/eval/run.log.trec" "$MAIN/eval_cs/run.log.trec"; do
@@ -45,12 +55,18 @@ stamp
 for ab in "w/o cross-passage edges" "w/o intra-passage edges" "w/o edge types"; do
   d="$OUT/$(slug "$ab")"
   echo "== $ab: the global stage on the main job's local stage"
+  # The frozen local model's cached features do not depend on the graph switches: start from the
+  # main run's cache (fingerprinted by the local model, packing and files; a mismatch recomputes).
+  mkdir -p "$d/global"
+  [ -d "$d/global/feature_cache" ] || cp -r "$MAIN/global/feature_cache" "$d/global/"
   python tools/train.py --config configs/global_stage.py:minilm --config.ablation="$ab" \
     --config.local_checkpoint="$MAIN/local" --workdir "$d/global" --config.progress_bar=False
   evaluate "$d" "$d/global" ""
   stamp
 done
-for ab in "w/o role head" "w/o intent head"; do
+TWO_STAGE=("w/o role head" "w/o intent head")
+[ "$GLOBAL_ONLY" = 1 ] && TWO_STAGE=()
+for ab in "${TWO_STAGE[@]}"; do
   d="$OUT/$(slug "$ab")"
   echo "== $ab: both stages"
   python tools/train.py --config configs/local_stage.py:minilm --config.ablation="$ab" \

@@ -23,6 +23,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   config.learning_rate = 3e-5
   config.micro_batch_size = 1
   config.head_learning_rate = 0.0        # only the GAT trains: one learning rate
+  config.role_learning_rate = 0.0
   config.anchor_weight = 0.0
   # --- Cache the frozen local outputs once (h, role probs, local score per sentence).
   config.use_feature_cache = True
@@ -45,6 +46,11 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     config.num_epochs = 8                # validation peaks in the first epochs and falls after
                                          # (probes G3: 20 epochs, G4: 8; docs/DEMO.md)
     config.freeze_encoder_layers = 0     # the local model is frozen whole anyway
+    # No distillation in this stage (the local stage keeps its 0.5): the bi-encoder teacher
+    # ranks the evidence pools 4 points below the local stage, and a GAT distilled toward it
+    # gave those points back (evidence LoG minus local-only -2.52 [-6.84, +1.15], CS -1.81
+    # [-3.29, -0.49]; docs/DEMO.md, probe G5).
+    config.distill_weight = 0.0
     config.validate_at_start = True      # step 0 (the GAT's correction at 0 = local-only) is a
                                          # candidate: selection keeps it when the GAT hurts
     config.log_every_steps = 10
