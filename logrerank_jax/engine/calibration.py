@@ -71,12 +71,9 @@ def passage_logits(rr: Reranker, records: list, labels: List[np.ndarray]
   for res, lab in zip(scored, labels):
     if isinstance(res, LogRerankError):
       raise DataError(f"the engine could not score query {res}")
-    has = np.zeros(len(lab), bool)
-    has[res.node_passage] = True
-    best = np.full(len(lab), -np.inf)
-    np.maximum.at(best, res.node_passage, res.final_score.astype(np.float64))
-    zs.append(best[has])
-    ys.append(lab[has])
+    z, y = cal_lib.scored_passage_logits(res.node_passage, res.final_score, lab)
+    zs.append(z)
+    ys.append(y)
   return np.concatenate(zs), np.concatenate(ys)
 
 

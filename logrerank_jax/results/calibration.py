@@ -19,6 +19,7 @@ from typing import Optional, Tuple
 import numpy as np
 
 from logrerank_jax.errors import DataError
+from logrerank_jax.ranking import passage_scores
 
 FILE_NAME = "calibration.json"
 ECE_BINS = 10  # equal-width bins over [0, 1]
@@ -140,6 +141,17 @@ def write_calibration(model_dir: str, cal: dict) -> str:
     f.write("\n")
   os.replace(tmp, path)
   return path
+
+
+def scored_passage_logits(node_passage, node_scores, labels) -> Tuple[np.ndarray, np.ndarray]:
+  """(logits, labels) of one query's passages that have a scored sentence: each passage's best
+  sentence score (`ranking.passage_scores`); passages without one have no logit and are left
+  out. What both calibration paths fit on: the engine's (`engine.calibration.passage_logits`)
+  and the global stage's validation logits (`training.stages.validation`)."""
+  labels = np.asarray(labels, bool)
+  has = np.zeros(len(labels), bool)
+  has[np.asarray(node_passage, np.int64)] = True
+  return passage_scores(node_passage, node_scores, len(labels))[has], labels[has]
 
 
 def fit_and_write(model_dir: str, logits, labels, fitted_on: str) -> dict:

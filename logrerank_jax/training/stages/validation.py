@@ -7,6 +7,7 @@ import numpy as np
 
 from logrerank_jax.evaluation import rerank_metrics
 from logrerank_jax.ranking import passage_order, passage_scores
+from logrerank_jax.results.calibration import scored_passage_logits
 
 
 def unit_qrels(units) -> Dict[str, set]:
@@ -17,18 +18,17 @@ def unit_qrels(units) -> Dict[str, set]:
 
 def validation_passage_logits(units, node_scores: List[np.ndarray], qrels: Dict[str, set]):
   """(logits, labels): every scored passage's best-sentence score and whether `qrels` lists it,
-  over the judged queries (passages without a scored sentence have no logit and are left out,
-  as `engine.calibration.passage_logits` leaves them)."""
+  over the judged queries (`results.calibration.scored_passage_logits`, as the engine's
+  `engine.calibration.passage_logits`)."""
   zs, ys = [], []
   for u, scores in zip(units, node_scores):
     if u.qid not in qrels:
       continue
     node_passage = [p for p, sentences in enumerate(u.query.passages) for _ in sentences]
-    has = np.zeros(len(u.passage_ids), bool)
-    has[np.asarray(node_passage, np.int64)] = True
-    best = passage_scores(node_passage, scores, len(u.passage_ids))
-    zs.append(best[has])
-    ys.append(np.asarray([pid in qrels[u.qid] for pid in u.passage_ids], bool)[has])
+    z, y = scored_passage_logits(node_passage, scores,
+                                 [pid in qrels[u.qid] for pid in u.passage_ids])
+    zs.append(z)
+    ys.append(y)
   if not zs:
     return np.zeros(0), np.zeros(0, bool)
   return np.concatenate(zs), np.concatenate(ys)
