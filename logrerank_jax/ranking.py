@@ -35,11 +35,13 @@ def passage_scores(node_passage: Sequence[int], node_scores: Sequence[float],
 
 def run_file_passage_scores(node_passage: Sequence[int], node_scores: Sequence[float],
                             num_passages: int) -> np.ndarray:
-  """`passage_scores` with an unscored passage at -1: below any sigmoid score and finite, so
-  run files can hold it (what `RerankResult.passage_scores` and the local stage's validation
-  rank by)."""
+  """`passage_scores` with an unscored passage at a finite floor below every scored one, so run
+  files can hold it: -1 for sigmoid scores (what `RerankResult.passage_scores` and the local
+  stage's validation rank by), one below the lowest for logits, which can be below -1."""
   best = passage_scores(node_passage, node_scores, num_passages)
-  return np.where(np.isfinite(best), best, -1.0)
+  scored = np.isfinite(best)
+  floor = min(-1.0, float(best[scored].min()) - 1.0) if scored.any() else -1.0
+  return np.where(scored, best, floor)
 
 
 def passage_order(scores: Sequence[float]) -> List[int]:

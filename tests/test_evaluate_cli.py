@@ -10,6 +10,7 @@ import pytest
 from test_inference import make_pools, make_tiny_model
 from logrerank_jax import baselines
 from logrerank_jax import engine as inference
+from logrerank_jax.data.inference_input import parse_inference_record
 from logrerank_jax.evaluation import read_trec_run, rerank_metrics, run_from_scores, write_qrels
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -191,3 +192,43 @@ def test_paired_bootstrap_matches_a_numpy_percentile_bootstrap():
   assert got["mean"] == pytest.approx(diff.mean())
   same = tool.paired_comparison(np.ones(5), np.zeros(5))
   assert (same["low"], same["high"], same["wins"]) == (1.0, 1.0, 5)
+
+
+def test_log_ranks_by_logits_and_unpooled_judged_queries_are_named(run, capsys):
+  """LoG's run files hold each passage's best sentence LOGIT (local and final), so sure passages
+  do not tie at float32's sigmoid 1.0; judged queries without a pool are left out of every
+  metric (they averaged in as 0 before) and named on stderr and in metrics.json."""
+  tmp, model, pools, qrels, _ = run
+  extra = dict(qrels, **{"not-pooled-1": {"x"}, "not-pooled-2": {"y"}})
+  write_qrels(str(tmp / "extra.qrels"), extra)
+  out = tmp / "eval_logits"
+  rc = load_tool().main([
+      "--pools", str(tmp / "pools.jsonl"), "--qrels", str(tmp / "extra.qrels"),
+      "--checkpoint", model, "--out-dir", str(out), "--k", str(K), "--row-len", "128",
+      "--queries-per-batch", "2", "--no-compilation-cache", "--no-progress"])
+  assert rc == 0
+  err = capsys.readouterr().err
+  assert "2 judged queries" in err and "not-pooled-1" in err, err
+  m = json.loads((out / "metrics.json").read_text())
+  assert m["judged_queries_without_pool"] == ["not-pooled-1", "not-pooled-2"]
+  for name in ("log", "log-local"):  # the same figures as with the pools' own qrels
+    assert m["metrics"][name] == rerank_metrics(run_from_scores(read_trec_run(
+        str(out / f"run.{name}.trec"))), qrels, k=K)
+
+  rr = inference.Reranker.from_pretrained(model, row_len=128, queries_per_batch=2)
+  rr.engine.set_score_map("logit")
+  scored = rr.score([parse_inference_record(p, f"pool {p['id']}") for p in pools])
+  for name, which in (("log", "final"), ("log-local", "local_logit")):
+    trec = read_trec_run(str(out / f"run.{name}.trec"))
+    for p, res in zip(pools, scored):
+      best = {}
+      z = res.final_score if which == "final" else res.local_logit
+      for node, pi in enumerate(res.node_passage):
+        cid = p["ctxs"][int(pi)]["id"]
+        best[cid] = max(best.get(cid, -np.inf), float(z[node]))
+      # Written with repr-exact floats (read_trec_run round-trips them); the engine is the same
+      # jitted program on the same inputs, so equality is exact.
+      assert {c: trec[p["id"]][c] for c in best} == best
+      # The local logits are the sigmoid's arguments: sigmoid(local_logit) == local_score (float32).
+      np.testing.assert_allclose(1 / (1 + np.exp(-res.local_logit.astype(np.float64))),
+                                 res.local_score, rtol=1e-6, atol=1e-7)

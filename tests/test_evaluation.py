@@ -133,3 +133,14 @@ def test_malformed_run_file(tmp_path, content, match):
 def test_ids_with_spaces_rejected(tmp_path):
   with pytest.raises(DataError, match="without whitespace"):
     evaluation.write_trec_run(str(tmp_path / "r"), {"q 1": {"a": 1.0}}, tag="t")
+
+
+def test_unscored_passage_floor_is_below_logits_and_minus_one_for_sigmoids():
+  """`run_file_passage_scores`: a passage without a scored sentence sits below every scored one,
+  at -1 for sigmoid scores (as before) and below the lowest when logits go under -1."""
+  from logrerank_jax.ranking import passage_order, run_file_passage_scores
+  sig = run_file_passage_scores([0, 0, 2], [0.2, 0.9, 0.0], 3)
+  assert sig.tolist() == [0.9, -1.0, 0.0]
+  logit = run_file_passage_scores([0, 2, 3], [-7.5, -3.0, 4.0], 4)
+  assert logit.tolist() == [-7.5, -8.5, -3.0, 4.0] and passage_order(logit) == [3, 2, 0, 1]
+  assert run_file_passage_scores([], [], 2).tolist() == [-1.0, -1.0]

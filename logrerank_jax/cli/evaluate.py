@@ -13,9 +13,10 @@ Systems (each a passage ranking per query), printed in this order in one table:
                  L2-normalised embeddings, cosine (`baselines.BiEncoder`)
   cross-encoder  a sequence-classification head from an HF folder (`--cross-encoder`):
                  ModernBERT or BERT, e.g. the `passage` stage's export (configs/passage_stage.py)
-  log-local      LoG "w/o global": passages by their best LOCAL sentence score (`--checkpoint`)
-  log            full LoG: passages by their best final (global) sentence score, i.e. the order
-                 of first appearance in the sentence ranking (`--checkpoint`)
+  log-local      LoG "w/o global": passages by their best LOCAL sentence logit (`--checkpoint`)
+  log            full LoG: passages by their best final (global) sentence logit, i.e. the order
+                 of first appearance in the sentence ranking (`--checkpoint`); logits, since
+                 float32 sigmoids of sure sentences tie at 1.0
 log-local and log come from the same jitted forward of the same checkpoint.  Rankings sort by
 decreasing score, ties by passage id (`logrerank_jax.evaluation.ranking_from_scores`); metrics
 follow `logrerank_jax.evaluation.rerank_metrics` (the paper's conventions).  Without `--qrels`,
@@ -75,7 +76,8 @@ def parse_args(argv=None, prog=None):
   p.add_argument("--row-len", type=int, default=None,
                  help="LoG packed row length (default: the model's training setting, else 1024)")
   p.add_argument("--max-query-tokens", type=int, default=None,
-                 help="LoG query token limit (default: the model's training setting, else 64)")
+                 help="LoG query token limit (default: the engine's, 128, what rerank and serve use; "
+                      "at most half a row)")
   p.add_argument("--ce-max-len", type=int, default=512, help="cross-encoder max pair length")
   p.add_argument("--ce-batch-size", type=int, default=16, help="cross-encoder pairs per jitted call")
   p.add_argument("--compilation-cache", default=None, help="persistent XLA cache folder")
@@ -120,17 +122,25 @@ def label_qrels(pools) -> dict:
 
 
 def log_scores(args, pools) -> dict:
-  """Run the LoG checkpoint once; return {"log-local": {qid: {pid: s}}, "log": {...}} and stats."""
+  """Run the LoG checkpoint once; return {"log-local": {qid: {pid: s}}, "log": {...}} and stats.
+
+  Passages score by their best sentence's LOGIT (local, and final under the engine's "logit"
+  score map), not its float32 sigmoid: a sure passage's sentences round to exactly 1.0 there,
+  and the tie would be broken by passage id (the demo model's ScholarQA-CS top-10s held 48
+  such ties for log-local and 22 for log)."""
   from logrerank_jax import engine as inference  # pylint: disable=g-import-not-at-top
   rr = inference.Reranker.from_pretrained(args.checkpoint, queries_per_batch=args.queries_per_batch,
                                           row_len=args.row_len, max_query_tokens=args.max_query_tokens)
+  if rr.cfg.use_global:
+    rr.engine.set_score_map("logit")
   parsed = [parse_inference_record(raw, f"pool {qid}") for qid, _, _, _, raw in pools]
   results = rr.score(parsed, progress=not args.no_progress)
   out = {"log-local": {}, "log": {}}
+  final = "final" if rr.cfg.use_global else "local_logit"  # a local-stage export: final = local
   for (qid, _, _, ids, _), res in zip(pools, results):
     if isinstance(res, LogRerankError):
       raise DataError(f"LoG could not score query {qid}: {res}")
-    for system, which in (("log-local", "local"), ("log", "final")):
+    for system, which in (("log-local", "local_logit"), ("log", final)):
       out[system][qid] = dict(zip(ids, res.passage_scores(which).tolist()))
   return out, rr.compile_stats()
 
@@ -256,7 +266,7 @@ def paired_comparisons(args, systems, qrels) -> dict:
 
 
 def read_inputs(args) -> tuple:
-  """(pools, qrels); with --corpus the id-only pools are resolved and written to
+  """(pools, qrels over the pools' queries, judged queries without a pool); with --corpus the id-only pools are resolved and written to
   --out-dir/pools.jsonl first, and every system reads those."""
   pools_path = args.pools
   if args.corpus:
@@ -267,11 +277,18 @@ def read_inputs(args) -> tuple:
       for rec in expanded:
         f.write(json.dumps(rec, ensure_ascii=False) + "\n")
   pools = read_pools(pools_path)
-  qrels = read_qrels(args.qrels) if args.qrels else label_qrels(pools)
-  return pools, qrels
+  if not args.qrels:
+    return pools, label_qrels(pools), []
+  qrels = read_qrels(args.qrels)
+  # Judged queries without a pool have no ranking: averaged in they would count as 0 (a qrels
+  # file of 188 queries over 40 pools printed "40 queries" and averaged over 188). The metrics
+  # cover the pools' queries; the others are named on stderr and in metrics.json.
+  pooled = {qid for qid, _, _, _, _ in pools}
+  unpooled = sorted(q for q, rel in qrels.items() if rel and q not in pooled)
+  return pools, {q: rel for q, rel in qrels.items() if q in pooled}, unpooled
 
 
-def write_outputs(args, pools, qrels, systems, metrics, paired, timings) -> None:
+def write_outputs(args, pools, qrels, systems, metrics, paired, timings, unpooled) -> None:
   """metrics.json, per_query.jsonl and run.<system>.trec into --out-dir."""
   os.makedirs(args.out_dir, exist_ok=True)
   k = args.k
@@ -279,6 +296,7 @@ def write_outputs(args, pools, qrels, systems, metrics, paired, timings) -> None
     json.dump({"k": k, "num_queries": len(pools),
                "pool_sizes": sorted({len(ctxs) for _, _, ctxs, _, _ in pools}),
                "metrics": metrics, "seconds": timings,
+               "judged_queries_without_pool": unpooled,
                "paired": {"against": args.paired_against, "metric": f"ndcg@{k}",
                           "resamples": args.bootstrap_resamples, "seed": BOOTSTRAP_SEED,
                           "systems": paired}}, f, indent=2)
@@ -324,7 +342,11 @@ def main(argv=None, prog=None) -> int:
       from logrerank_jax import compilation  # pylint: disable=g-import-not-at-top
       compilation.enable_compilation_cache(args.compilation_cache
                                            or compilation.default_compilation_cache_dir())
-    pools, qrels = read_inputs(args)
+    pools, qrels, unpooled = read_inputs(args)
+    if unpooled:
+      print(f"evaluate: {len(unpooled)} judged queries of {args.qrels} have no pool in "
+            f"{args.pools} and are left out of every metric (first: {', '.join(unpooled[:3])})",
+            file=sys.stderr)
     systems, timings, stats = score_systems(args, pools)
     metrics = {name: rerank_metrics(run_from_scores(s), qrels, k=args.k) for name, s in systems.items()}
     paired = paired_comparisons(args, systems, qrels)
@@ -332,7 +354,7 @@ def main(argv=None, prog=None) -> int:
     print(f"evaluate: error: {e}", file=sys.stderr)
     return 1
 
-  write_outputs(args, pools, qrels, systems, metrics, paired, timings)
+  write_outputs(args, pools, qrels, systems, metrics, paired, timings, unpooled)
   print_table(args, pools, metrics, paired)
   extra = "" if stats is None else (f"; LoG XLA compilations {stats['xla_compilations']} over "
                                     f"{stats['forward_calls']} calls")

@@ -93,6 +93,7 @@ def score_group(engine: Engine, planner: Planner, records: Sequence[InferenceRec
           record=rec, node_passage=feats["node_passage"][q, :k].copy(),
           node_sentence=np.asarray([t[1] for t in nodes[ri]], np.int32),
           local_score=feats["local_score"][q, :k].copy(),
+          local_logit=feats["local_logit"][q, :k].copy(),
           global_score=final[q, :k].copy() if use_global else None,
           final_score=final[q, :k].copy(), role_probs=feats["role_probs"][q, :k].copy(),
           context=contexts[q],

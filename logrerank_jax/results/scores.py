@@ -21,16 +21,23 @@ class QueryScores:
   node_sentence: np.ndarray   # int32 [n]
   local_score: np.ndarray     # float32 [n]
   global_score: Optional[np.ndarray]  # float32 [n]; None without a global stage
-  final_score: np.ndarray     # float32 [n]
+  final_score: np.ndarray     # float32 [n] (the global logit under the engine's "logit" score map)
   role_probs: np.ndarray      # float32 [n, 3]
   context: list               # build_context units (node indices)
   passage_info: list          # per passage: (num_windows, truncated sentences, empty sentences)
   query_truncated: bool = False  # the query was cut at `max_query_tokens`
+  # float32 [n]: the local logit, local_score = sigmoid of it. Rankings by logit keep the order
+  # that float32 sigmoids round away (many sentences of a sure passage read exactly 1.0).
+  local_logit: Optional[np.ndarray] = None
 
   def passage_scores(self, which: str = "final") -> np.ndarray:
-    """Best sentence score per passage ([P], `ranking.passage_scores`); passages without
-    sentences get -1, below any sigmoid score (finite, so run files can hold it)."""
-    scores = {"final": self.final_score, "local": self.local_score}[which]
+    """Best sentence score per passage ([P], `ranking.passage_scores`) of `which`: "final",
+    "local" or "local_logit"; passages without sentences get a finite floor below every scored
+    passage (`ranking.run_file_passage_scores`: -1 for sigmoid scores)."""
+    scores = {"final": self.final_score, "local": self.local_score,
+              "local_logit": self.local_logit}[which]
+    if scores is None:
+      raise ValueError(f"these scores hold no {which!r}")
     return run_file_passage_scores(self.node_passage, scores, len(self.record.passages))
 
 
