@@ -152,7 +152,7 @@ def test_cohere_sdk_with_the_key_gets_calibrated_distinct_scores_in_logs_order(s
   import cohere  # pylint: disable=g-import-not-at-top
   url, _ = server
   model, pools = setup
-  rr = inference.Reranker.from_pretrained(model, **SETTINGS)  # uncalibrated: for the logits
+  rr = inference.Reranker.from_pretrained(model, **SETTINGS)  # passage_logits reads logits
   with pytest.raises(Exception) as wrong:
     cohere.ClientV2(api_key="wrong", base_url=url).rerank(model="log", query="q", documents=["a"])
   assert getattr(wrong.value, "status_code", None) == 401
@@ -211,3 +211,35 @@ def test_key_from_env_flag_wins_and_a_warning_without_one_off_loopback(monkeypat
     assert serve._api_key(args(None, "0.0.0.0")) == ""
   assert "no API key" in caplog.text and "0.0.0.0" in caplog.text
   assert auth.bearer_token("bearer  abc ") == "abc" and auth.bearer_token("Basic abc") is None
+
+
+def test_from_pretrained_reports_the_folders_calibrated_scores(setup, tmp_path):
+  """The Python API (and `logrerank rerank`) report what the server does: with a calibration.json
+  the final score is sigmoid(a z + b) of the final logit and the local score the same map of the
+  local logit; `calibrated=False` keeps the raw sigmoid; the order is the logits' either way."""
+  from logrerank_jax.errors import DataError  # pylint: disable=g-import-not-at-top
+  model, pools = setup
+  pool = pools[0]
+  docs = [c["text"] for c in pool["ctxs"]]
+  cal = inference.Reranker.from_pretrained(model, **SETTINGS)
+  raw = inference.Reranker.from_pretrained(model, calibrated=False, **SETTINGS)
+  assert cal.calibration["a"] == CAL["a"] and raw.calibration is None
+  record = parse_inference_record({"input": pool["input"], "ctxs": [{"text": d} for d in docs]})
+  z, _ = passage_logits(raw, [record], [np.zeros(len(docs), bool)])
+  for rr, a, b in ((cal, CAL["a"], CAL["b"]), (raw, 1.0, 0.0)):
+    ranked = rr.rank(pool["input"], docs)
+    assert [p.index for p in ranked] == list(np.argsort(-z, kind="stable"))
+    # float32 on the device against float64 here: sigmoid's float32 rounding is < 1e-7 absolute.
+    np.testing.assert_allclose([p.score for p in ranked], cal_lib.calibrated(np.sort(z)[::-1], a, b),
+                               atol=1e-5)
+    res = rr.score([record])[0]
+    np.testing.assert_allclose(res.local_score, cal_lib.calibrated(res.local_logit, a, b), atol=1e-6)
+  # A calibration.json beside a model without a global stage is named, not ignored.
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  from logrerank_jax.models import model_folder  # pylint: disable=g-import-not-at-top
+  params, cfg, tok = model_folder.load_model(model)
+  model_folder.save_model(str(tmp_path / "localonly"), {"local": params["local"]},
+                          dataclasses.replace(cfg, use_global=False), tok)
+  cal_lib.write_calibration(str(tmp_path / "localonly"), CAL)
+  with pytest.raises(DataError, match="no global stage"):
+    inference.Reranker.from_pretrained(str(tmp_path / "localonly"), **SETTINGS)

@@ -4,7 +4,12 @@
       [--corpus corpus.jsonl] [--format log|openscholar] [--strict] [--queries-per-batch 4] \
       [--row-len N] [--max-query-tokens N] [--local-slots N] [--precompile] \
       [--distributed [--coordinator-address HOST:PORT --num-processes P --process-id I]] \
-      [--compilation-cache DIR | --no-compilation-cache] [--no-progress] [--html OUT_DIR]
+      [--compilation-cache DIR | --no-compilation-cache] [--no-progress] [--html OUT_DIR] \
+      [--uncalibrated]
+
+Scores: a model folder with a calibration.json (the global stage writes one) reports its
+calibrated probabilities sigmoid(a z + b) of LoG's logits z, local and final alike, as `logrerank
+serve` does; `--uncalibrated` reports the raw sigmoid(z), which reads 1.0 for sure passages.
 
 Input lines: {"input"|"question": str, "ctxs"|"passages": [{"title", "text", ...}], ...}.
 Id-only pools ({"id", "input", "ctx_ids": [passage id, ...]}, as logrerank_jax/demo_data ships
@@ -78,7 +83,10 @@ def parse_args(argv=None, prog=None):
                  help="comma-separated sentence-node buckets of a query graph (grown by doubling "
                       "when a query has more sentences)")
   p.add_argument("--max-query-tokens", type=int, default=None,
-                 help="query token limit (default: the model's training setting, else 64)")
+                 help="query token limit (default 128, at most half a row)")
+  p.add_argument("--uncalibrated", action="store_true",
+                 help="report the raw sigmoid of LoG's logits even when the model folder holds a "
+                      "calibration.json (default: its calibrated probabilities, as serve does)")
   p.add_argument("--local-slots", type=int, default=None,
                  help="query slots per local-stage call (default max(16, --queries-per-batch))")
   p.add_argument("--host-workers", type=int, default=inference.DEFAULT_HOST_WORKERS,
@@ -141,7 +149,7 @@ def load_inputs(args) -> tuple:
   reranker = inference.Reranker.from_pretrained(
       args.checkpoint, queries_per_batch=args.queries_per_batch, row_len=args.row_len,
       max_query_tokens=args.max_query_tokens, local_slots=args.local_slots,
-      host_workers=args.host_workers, **buckets)
+      host_workers=args.host_workers, calibrated=not args.uncalibrated, **buckets)
   return pid, nproc, lines, reranker
 
 

@@ -22,7 +22,10 @@ from logrerank_jax.results import calibration as cal_lib
 
 def apply_calibration(rr: Reranker) -> Optional[dict]:
   """Serve the folder's calibrated probability as the final score when `rr.model_dir` holds a
-  calibration.json (returned, else None: the raw score stays)."""
+  calibration.json (returned, else None: the raw score stays). `Reranker.from_pretrained`
+  applies it already unless told `calibrated=False`; this names it for `logrerank serve`."""
+  if rr.calibration is not None:
+    return rr.calibration
   cal = cal_lib.read_calibration(rr.model_dir) if rr.model_dir else None
   if cal is None:
     return None
@@ -30,6 +33,7 @@ def apply_calibration(rr: Reranker) -> Optional[dict]:
     raise DataError(f"{rr.model_dir}: calibration.json calibrates the global stage's logit; "
                     "this model has no global stage")
   rr.engine.set_score_map("sigmoid", cal["a"], cal["b"])
+  rr.calibration = cal
   return cal
 
 

@@ -26,6 +26,7 @@ from logrerank_jax.data.packing import PackingConfig
 from logrerank_jax.errors import DataError
 from logrerank_jax.models import log_reranker as lr
 from logrerank_jax.models.model_folder import load_model, read_info, resolve_model_dir
+from logrerank_jax.results.calibration import read_calibration
 from logrerank_jax.results import (QueryScores, RankedResults, RecordError, Result, make_result,
                                    ranked_results, record_error)
 from logrerank_jax.engine.core import EngineCore
@@ -66,13 +67,21 @@ class Reranker(EngineCore):
     # True when `from_pretrained` loaded a local-stage model (no global params) as "w/o global".
     self.local_only = bool(_local_only)
     self.model_dir: Optional[str] = None  # set by `from_pretrained`
+    # The folder's calibration.json when `from_pretrained` applied it (scores are calibrated).
+    self.calibration: Optional[dict] = None
 
   @classmethod
-  def from_pretrained(cls, path: str, **kwargs) -> "Reranker":
+  def from_pretrained(cls, path: str, calibrated: bool = True, **kwargs) -> "Reranker":
     """Load a model folder (`model_folder.save_model` layout) or a training workdir with `model/`.
 
     Args:
       path: the folder.
+      calibrated: when the folder holds a calibration.json (the global stage writes one; also
+        `logrerank calibrate`), scores are its calibrated probabilities sigmoid(a z + b) of
+        LoG's logits z, the final and the local score alike, as `logrerank serve` reports them
+        (`self.calibration` holds it). Raw sigmoid(z) saturates: a sure passage's score reads
+        exactly 1.0 in float32. False: the raw sigmoid. Rankings are the same either way
+        (a > 0), except ties at 1.0.
       **kwargs: `packing`, `queries_per_batch` (see `__init__`), or `row_len`,
         `max_query_tokens`, `row_buckets`, `span_buckets`, `node_buckets` for the default packing
         config (`default_packing_config`). An unset `row_len` is read from the folder's
@@ -100,6 +109,13 @@ class Reranker(EngineCore):
                                                  max_query_tokens, **buckets)
     rr = cls(params, cfg, tokenizer, **kwargs)
     rr.model_dir = model_dir
+    cal = read_calibration(model_dir) if calibrated else None
+    if cal is not None:
+      if not cfg.use_global:
+        raise DataError(f"{model_dir}: calibration.json calibrates the global stage's logit; "
+                        "this model has no global stage")
+      rr.engine.set_score_map("sigmoid", cal["a"], cal["b"])
+      rr.calibration = cal
     return rr
 
   def padding_plan(self, records: Iterable[Any]) -> dict:

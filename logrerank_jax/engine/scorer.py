@@ -13,6 +13,7 @@ import numpy as np
 from logrerank_jax.data.inference_input import InferenceRecord
 from logrerank_jax.graph.context import log_context
 from logrerank_jax.results import QueryScores
+from logrerank_jax.results.calibration import calibrated
 from logrerank_jax.schema import NUM_ROLES
 from logrerank_jax.engine.device import Engine
 from logrerank_jax.engine.planner import Planner
@@ -86,13 +87,20 @@ def score_group(engine: Engine, planner: Planner, records: Sequence[InferenceRec
     out = dict(out, role_probs=feats["role_probs"].reshape(size * n, NUM_ROLES))
     contexts = log_context(out, engine.cfg)
     final = out["final_score"].reshape(size, n)
+    local = feats["local_score"]
+    kind, a, b = engine.score_map
+    if kind == "sigmoid" and (a, b) != (1.0, 0.0):
+      # A calibrated model reports its local score through the same Platt map as its final one
+      # (in float64, stored as float32): with the residual global stage (global logit = local logit
+      # + the GAT's correction) the page's local -> global change then reads on one scale.
+      local = calibrated(feats["local_logit"], a, b).astype(np.float32)
     for q, ri in enumerate(group):
       rec, k = records[ri], len(nodes[ri])
       empty_info = (0, [], [])
       results.append(QueryScores(
           record=rec, node_passage=feats["node_passage"][q, :k].copy(),
           node_sentence=np.asarray([t[1] for t in nodes[ri]], np.int32),
-          local_score=feats["local_score"][q, :k].copy(),
+          local_score=local[q, :k].copy(),
           local_logit=feats["local_logit"][q, :k].copy(),
           global_score=final[q, :k].copy() if use_global else None,
           final_score=final[q, :k].copy(), role_probs=feats["role_probs"][q, :k].copy(),
