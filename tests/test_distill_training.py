@@ -329,3 +329,45 @@ def test_cached_features_of_another_sentence_split_are_refused():
   global_._check_node_counts([{"local_score": np.zeros(3)}], [unit], "wd/feature_cache/val-p0.npz")
   with pytest.raises(DataError, match=r"query 'q7' hold 4 sentence nodes.*splits into 3"):
     global_._check_node_counts([{"local_score": np.zeros(4)}], [unit], "wd/feature_cache/val-p0.npz")
+
+
+def test_global_stage_without_distillation_leaves_teacher_only_queries_out(data, local_run,
+                                                                          tmp_path, capsys):
+  """Without distillation a teacher-ranked query (labelled false) has no term in eq 23: the global
+  stage leaves it out, says so and keys its feature cache to the kept queries; with distillation
+  every query stays; a file of teacher-ranked queries only is refused by name."""
+  from logrerank_jax.data.records import validate_training_file
+  config, _, work = local_run
+  records, _ = validate_training_file(str(data / "train.jsonl"))
+  teacher_only = {json.loads(l)["id"] for l in (data / "teacher.jsonl").read_text().splitlines()
+                  if not json.loads(l)["labelled"]}
+  assert len(teacher_only) == 1
+  keep = stages.make_stage(_global_config(data, config, work), str(tmp_path / "a"), records)
+  assert len(keep.units) == 3 and keep._train_subset == ""
+  g = _global_config(data, config, work, distill_weight=0.0)
+  drop = stages.make_stage(g, str(tmp_path / "b"), records)
+  assert [u.qid for u in drop.units] == [r.id for r in records if r.id not in teacher_only]
+  assert drop.cache_info["teacher_only_left_out"] == 1 and drop._train_subset
+  assert "1 of 3 training queries are teacher-ranked only" in capsys.readouterr().out
+  # A cache filled for all three queries is not read back for the two kept ones (a new key).
+  full = stages.make_stage(_global_config(data, config, work, distill_weight=0.0), str(tmp_path),
+                           records)
+  full._train_subset = ""
+  full.micro_batches([[0]], lambda grp: [grp])
+  drop.workdir = str(tmp_path)
+  drop.micro_batches([[0]], lambda grp: [grp])
+  assert full.cache_info["train_cache_hit"] is False and drop.cache_info["train_cache_hit"] is False
+  # Trained: the run's start record says what was left out.
+  trainer.train_and_evaluate(g, str(tmp_path / "run"))
+  start = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+  assert start["event"] == "start" and start["teacher_only_left_out"] == 1
+  only = tmp_path / "only.jsonl"
+  only.write_text("".join(l + "\n" for l in (data / "train.jsonl").read_text().splitlines()
+                          if json.loads(l)["id"] in teacher_only))
+  only_teacher = tmp_path / "only_teacher.jsonl"
+  only_teacher.write_text("".join(l + "\n" for l in (data / "teacher.jsonl").read_text().splitlines()
+                                  if json.loads(l)["id"] in teacher_only))
+  one, _ = validate_training_file(str(only))
+  with pytest.raises(DataError, match="every training query is teacher-ranked only"):
+    stages.make_stage(_global_config(data, config, work, distill_weight=0.0, train_file=str(only),
+                                     teacher_file=str(only_teacher)), str(tmp_path / "c"), one)

@@ -53,5 +53,11 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     config.distill_weight = 0.0
     config.validate_at_start = True      # step 0 (the GAT's correction at 0 = local-only) is a
                                          # candidate: selection keeps it when the GAT hurts
+    # Validation every 10 steps (20 per epoch: without distillation the 80 teacher-ranked
+    # queries of train_mix carry no loss and are left out, GlobalStage._drop_teacher_only).
+    # The GAT gains within its first epoch and overfits the 80 labelled queries after: at the
+    # end of each epoch (40 steps with them) selection met the peak or missed it by chance of
+    # the CPU's rounding (docs/DEMO.md, probe P-C).
+    config.eval_every_steps = 10
     config.log_every_steps = 10
   return config

@@ -3,6 +3,7 @@ finished local model, with the pairwise loss (eq 23). The local model's per-sent
 are cached once (`feature_cache`) unless `use_feature_cache` is off."""
 
 import dataclasses
+import hashlib
 import os
 from typing import Any, Callable, Dict, Optional, Tuple
 
@@ -46,12 +47,36 @@ class GlobalStage(Stage):
     self.frozen_local = jax.tree_util.tree_map(jnp.asarray, local_params["local"])
     self.pack_cfg = packing_config(config, self.cfg)
     self._take_units(config, data_lib.query_units(records))
-    self.num_p = max(len(u.passage_ids) for u in self.units)
     self._take_distill(config)
+    self._train_subset = self._drop_teacher_only()
+    self.num_p = max(len(u.passage_ids) for u in self.units)
     self.fp_base: Optional[str] = None  # identifies the frozen model's cached features
     if config.use_feature_cache:
       self.fp_base = fc.frozen_local_base(self.frozen_local, self.cfg.local, config.max_seq_len,
                                           config.max_query_tokens)
+
+  def _drop_teacher_only(self) -> str:
+    """Leave out the teacher-ranked queries (`labelled` false in the teacher file) when there is
+    no distillation: eq 23 learns from gold labels only, so they carry no loss, yet their features
+    were cached and their micro-batches were steps of zero gradient in which Adam's momentum still
+    moved the GAT (the demo: 80 of 160 queries, about half the feature caching). Said on stdout
+    and in the run's start record; returns what identifies the kept subset for the cache key
+    ("" when every query is kept)."""
+    if self.distill_weight:
+      return ""
+    kept = [u for u in self.units if u.gold]
+    left_out = len(self.units) - len(kept)
+    if not left_out:
+      return ""
+    if not kept:
+      raise DataError(f"{self.config.train_file}: every training query is teacher-ranked only "
+                      f"({self.config.teacher_file}: labelled false), and without distillation "
+                      "(distill_weight 0) the global stage has no loss to learn from")
+    print(f"global stage: {left_out} of {len(self.units)} training queries are teacher-ranked only "
+          "and carry no loss without distillation (distill_weight 0): left out", flush=True)
+    self.units = kept
+    self.cache_info["teacher_only_left_out"] = left_out
+    return "|queries:" + hashlib.sha256("\n".join(u.qid for u in kept).encode()).hexdigest()
 
   def _features(self, units, data_file: str, split: str, extra_file: str = ""):
     """Cached (or, without the cache, freshly computed) frozen-local features of `units`
@@ -60,7 +85,8 @@ class GlobalStage(Stage):
                                          self.config.max_seq_len, self.config.max_query_tokens)
     if self.fp_base is None:
       return compute(), False
-    fingerprint = fc.cache_fingerprint(self.fp_base, data_file, extra_file)
+    subset = self._train_subset if split == "train" else ""
+    fingerprint = fc.cache_fingerprint(self.fp_base + subset, data_file, extra_file)
     if split == "val":
       # The local stage validated this very model on these units through the same engine
       # path, and left the features (LocalStage.save): on a miss of this stage's own cache,
@@ -87,7 +113,7 @@ class GlobalStage(Stage):
     import time  # pylint: disable=g-import-not-at-top
     t0 = time.time()
     feats, hit = self._features(self.units, self.config.train_file, "train")
-    self.cache_info = {"train_cache_hit": hit, "cache_seconds": time.time() - t0}
+    self.cache_info.update(train_cache_hit=hit, cache_seconds=time.time() - t0)
     # Distillation labels come from the units, not the cache: a new teacher file needs no
     # new features.
     feats = [fc.with_unit_labels(f, u) for f, u in zip(feats, self.units)]
