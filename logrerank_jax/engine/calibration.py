@@ -24,17 +24,11 @@ def apply_calibration(rr: Reranker) -> Optional[dict]:
   """Serve the folder's calibrated probability as the final score when `rr.model_dir` holds a
   calibration.json (returned, else None: the raw score stays). `Reranker.from_pretrained`
   applies it already unless told `calibrated=False`; this names it for `logrerank serve`."""
-  if rr.calibration is not None:
-    return rr.calibration
-  cal = cal_lib.read_calibration(rr.model_dir) if rr.model_dir else None
-  if cal is None:
-    return None
-  if not rr.cfg.use_global:
-    raise DataError(f"{rr.model_dir}: calibration.json calibrates the global stage's logit; "
-                    "this model has no global stage")
-  rr.engine.set_score_map("sigmoid", cal["a"], cal["b"])
-  rr.calibration = cal
-  return cal
+  if rr.calibration is None and rr.model_dir:
+    cal = cal_lib.read_calibration(rr.model_dir)
+    if cal is not None:
+      rr.use_calibration(cal)
+  return rr.calibration
 
 
 def labelled_pools(pools: str, qrels: str, corpus: str = "") -> Tuple[list, List[np.ndarray]]:

@@ -111,12 +111,21 @@ class Reranker(EngineCore):
     rr.model_dir = model_dir
     cal = read_calibration(model_dir) if calibrated else None
     if cal is not None:
-      if not cfg.use_global:
-        raise DataError(f"{model_dir}: calibration.json calibrates the global stage's logit; "
-                        "this model has no global stage")
-      rr.engine.set_score_map("sigmoid", cal["a"], cal["b"])
-      rr.calibration = cal
+      rr.use_calibration(cal)
     return rr
+
+  def use_calibration(self, cal: dict) -> None:
+    """Report `cal`'s (a calibration.json's) probabilities sigmoid(a z + b) of LoG's logits z,
+    final and local scores alike; `self.calibration` holds it.
+
+    Raises:
+      DataError: the model has no global stage (the calibration is of its logit).
+    """
+    if not self.cfg.use_global:
+      raise DataError(f"{self.model_dir}: calibration.json calibrates the global stage's logit; "
+                      "this model has no global stage")
+    self.engine.set_score_map("sigmoid", cal["a"], cal["b"])
+    self.calibration = cal
 
   def padding_plan(self, records: Iterable[Any]) -> dict:
     """Host work only: plan and pack the local calls of `records` exactly as `rerank_records`

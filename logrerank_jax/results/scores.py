@@ -26,8 +26,9 @@ class QueryScores:
   context: list               # build_context units (node indices)
   passage_info: list          # per passage: (num_windows, truncated sentences, empty sentences)
   query_truncated: bool = False  # the query was cut at `max_query_tokens`
-  # float32 [n]: the local logit, local_score = sigmoid of it. Rankings by logit keep the order
-  # that float32 sigmoids round away (many sentences of a sure passage read exactly 1.0).
+  # float32 [n]: the local logit; local_score is the engine's score map of it (the sigmoid,
+  # calibrated or not). Rankings by logit keep the order that float32 sigmoids round away (many
+  # sentences of a sure passage read exactly 1.0).
   local_logit: Optional[np.ndarray] = None
 
   def passage_scores(self, which: str = "final") -> np.ndarray:
